@@ -1,0 +1,104 @@
+"""Absolute encodings, added to the tokens: none (NoPE), learned (APE) and nD sin-cos."""
+
+from __future__ import annotations
+
+import torch
+from timm.layers import resample_abs_pos_embed, trunc_normal_
+from torch import nn
+
+from .base import EncodingContext, PositionEncoding, TokenPositions
+from .registry import register_encoding
+
+__all__ = ["LearnedAbsolute", "NoPosition", "SinCos", "sincos_embedding"]
+
+
+@register_encoding("none")
+class NoPosition(PositionEncoding):
+    """No position information at all (NoPE): attention is permutation invariant."""
+
+    mechanisms = ()
+    paper = "-"
+
+
+@register_encoding("ape")
+class LearnedAbsolute(PositionEncoding):
+    """Learned absolute embedding (ViT/DeiT), one vector per training-grid cell and per prefix token.
+
+    Other grids bicubically resample the table (timm's ``resample_abs_pos_embed``): this is always an
+    interpolation, so the ``position interpolation`` option changes nothing for APE. 2-D grids only, as
+    ``resample_abs_pos_embed`` is 2-D. CLS has its own learned slot, as in timm's ViT.
+    """
+
+    mechanisms = ("tokens",)
+    supported_ndims = (2,)
+    paper = "ViT (Dosovitskiy et al. 2020)"
+
+    def __init__(self, ctx: EncodingContext, init_std: float = 0.02) -> None:
+        super().__init__(ctx)
+        num_patches = 1
+        for n in ctx.grid_size:
+            num_patches *= n
+        self.pos_embed = nn.Parameter(torch.zeros(1, ctx.num_prefix_tokens + num_patches, ctx.dim))
+        trunc_normal_(self.pos_embed, std=init_std)
+
+    def add_to_tokens(self, x: torch.Tensor, pos: TokenPositions) -> torch.Tensor:
+        grid = self.require_grid(pos, "ape")
+        table = resample_abs_pos_embed(
+            self.pos_embed, new_size=list(grid), old_size=list(self.ctx.grid_size),
+            num_prefix_tokens=self.ctx.num_prefix_tokens,
+        )
+        return x + table.to(x.dtype)
+
+    def set_grid_size(self, grid_size: tuple[int, ...], old_grid_size: tuple[int, ...]) -> None:
+        resampled = resample_abs_pos_embed(
+            self.pos_embed.data, new_size=list(grid_size), old_size=list(old_grid_size),
+            num_prefix_tokens=self.ctx.num_prefix_tokens,
+        )
+        self.pos_embed = nn.Parameter(resampled, requires_grad=self.pos_embed.requires_grad)
+        super().set_grid_size(grid_size, old_grid_size)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"pos_embed"}
+
+
+def sincos_embedding(coords: torch.Tensor, dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """nD sin-cos of ``coords`` (N, p) -> (N, dim), in float32.
+
+    MAE's convention: ``dim // (2p)`` frequencies ``1 / T^(k / F)`` per axis, each axis laid out
+    ``[sin | cos]``, axes in coordinate order ``[x, y(, t)]``; any remainder of ``dim`` is zero.
+    """
+    n, p = coords.shape
+    num_freqs = dim // (2 * p)
+    if num_freqs == 0:
+        raise ValueError(f"sincos needs embed dim >= {2 * p} for {p}-D positions, got {dim}")
+    omega = 1.0 / temperature ** (torch.arange(num_freqs, dtype=torch.float32, device=coords.device) / num_freqs)
+    phase = coords.float()[:, :, None] * omega  # (N, p, F)
+    emb = torch.cat([phase.sin(), phase.cos()], dim=-1).reshape(n, 2 * p * num_freqs)  # per axis [sin | cos]
+    return nn.functional.pad(emb, (0, dim - emb.shape[-1]))
+
+
+@register_encoding("sincos")
+class SinCos(PositionEncoding):
+    """Fixed nD sin-cos embedding added to the patch tokens (Wang & Liu 2021; MAE's layout).
+
+    2-D order: the first half of the channels encodes x (column), the second half y (row) - MAE's code
+    labels the first half ``emb_h`` but it is x. CLS gets a zero vector. Any grid: the table is computed
+    for the coordinates given, so position interpolation scales the coordinates.
+    """
+
+    mechanisms = ("tokens",)
+    paper = "nD-sincos (Wang & Liu 2021), MAE layout"
+
+    def __init__(self, ctx: EncodingContext, temperature: float = 10000.0) -> None:
+        super().__init__(ctx)
+        self.temperature = temperature
+
+    def prepare_table(self, pos: TokenPositions) -> torch.Tensor:
+        def build() -> torch.Tensor:
+            emb = sincos_embedding(pos.coords, self.ctx.dim, self.temperature)  # (N, D)
+            return nn.functional.pad(emb, (0, 0, pos.num_prefix_tokens, 0))  # CLS rows are zero
+
+        return self.cached(pos.cache_key(), build)
+
+    def add_to_tokens(self, x: torch.Tensor, pos: TokenPositions) -> torch.Tensor:
+        return x + self.prepare_table(pos).to(x.dtype)

@@ -1,0 +1,173 @@
+"""Distance-bias encodings: nD-ALiBi and LookHere.
+
+Both add ``-slope * ||p_i - p_j||`` (Euclidean, patch units) to the attention logits. The bias does not
+depend on content, so it is built once per grid and cached (one (heads, N, N) float32 tensor; LookHere
+scales it per layer on the fly instead of caching depth copies). Prefix tokens get a zero row and column:
+CLS attends to, and is attended by, every token without penalty.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype, pad_prefix_bias
+from .registry import register_encoding
+
+__all__ = ["ALiBi", "LookHere", "alibi_slopes"]
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi's geometric slopes: for n a power of two, start = 2^(-8/n), slope_i = start^(i+1).
+
+    Other head counts take the slopes of the nearest lower power of two m, then every other slope of 2m.
+    """
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        return torch.tensor(power_of_two(num_heads))
+    m = 2 ** math.floor(math.log2(num_heads))
+    return torch.tensor(power_of_two(m) + power_of_two(2 * m)[0::2][: num_heads - m])
+
+
+def pairwise_distance(coords: torch.Tensor) -> torch.Tensor:
+    """(N, p) -> (N, N) Euclidean distances, float32."""
+    c = coords.to(compute_dtype(coords))
+    return (c[:, None, :] - c[None, :, :]).norm(dim=-1)
+
+
+@register_encoding("alibi")
+class ALiBi(PositionEncoding):
+    """nD-ALiBi (CROMA's 2D-ALiBi): bias[h, i, j] = -slope_h * ||p_i - p_j||, ALiBi slopes per head.
+
+    Translation and rotation invariant; no parameters. Other grids rebuild the bias (extrapolation).
+    """
+
+    mechanisms = ("bias",)
+    fused = False
+    paper = "2D-ALiBi (Fuller et al. 2023)"
+
+    def __init__(self, ctx: EncodingContext) -> None:
+        super().__init__(ctx)
+        self.register_buffer("slopes", alibi_slopes(ctx.num_heads), persistent=False)
+
+    def bias(self, coords: torch.Tensor) -> torch.Tensor:
+        """(N, p) -> (heads, N, N) for the patch tokens."""
+        dist = pairwise_distance(coords)
+        return -self.slopes.to(dist.dtype)[:, None, None] * dist
+
+    def prepare(self, pos: TokenPositions) -> torch.Tensor:
+        return self.cached(pos.cache_key(), lambda: pad_prefix_bias(self.bias(pos.coords), pos.num_prefix_tokens))
+
+    def attn_bias(self, layer, q, k, state):
+        return state
+
+
+# Each view says which keys a head may see, from the offset (dx, dy) = p_key - p_query, y growing down.
+# Inequalities are strict where LookHere's are, so every head always sees the query's own token.
+_VIEWS = {
+    "top_left": lambda dx, dy: (dx <= 0) & (dy <= 0),
+    "top_right": lambda dx, dy: (dx >= 0) & (dy <= 0),
+    "bottom_left": lambda dx, dy: (dx <= 0) & (dy >= 0),
+    "bottom_right": lambda dx, dy: (dx >= 0) & (dy >= 0),
+    "up": lambda dx, dy: (dy <= 0) & (dx.abs() <= -dy),
+    "down": lambda dx, dy: (dy >= 0) & (dx.abs() <= dy),
+    "left": lambda dx, dy: (dx <= 0) & (dy.abs() <= -dx),
+    "right": lambda dx, dy: (dx >= 0) & (dy.abs() <= dx),
+    "none": lambda dx, dy: torch.ones_like(dx, dtype=torch.bool),
+}
+# Direction groups named in a head_directions string; opposite directions first so that a group given
+# only two heads still looks both ways.
+_GROUPS = {
+    "corners": ["top_left", "bottom_right", "top_right", "bottom_left"],
+    "triangles": ["up", "down", "left", "right"],
+    "halves": ["up_half", "down_half", "left_half", "right_half"],
+    "none": ["none"],
+}
+_VIEWS.update({
+    "up_half": lambda dx, dy: dy <= 0,
+    "down_half": lambda dx, dy: dy >= 0,
+    "left_half": lambda dx, dy: dx <= 0,
+    "right_half": lambda dx, dy: dx >= 0,
+})
+
+
+def assign_head_views(head_directions: str, num_heads: int) -> list[str]:
+    """One view name per head from a LookHere ``head_directions`` string such as ``corners-triangles-none``.
+
+    With at least 4 heads per directional group every directional group gets 4 heads (one per direction)
+    and ``none`` takes the rest, which is LookHere's 12-head LH-90 split (4/4/4). With fewer heads the
+    heads are split as evenly as possible, earlier groups first, each group taking its directions in order.
+    """
+    groups = head_directions.split("-")
+    unknown = [g for g in groups if g not in _GROUPS]
+    if unknown:
+        raise ValueError(f"unknown LookHere head direction group(s) {unknown}; valid: {sorted(_GROUPS)}")
+    directional = [g for g in groups if g != "none"]
+    if num_heads >= 4 * len(directional) + ("none" in groups):
+        sizes = [4 if g != "none" else num_heads - 4 * len(directional) for g in groups]
+        if "none" not in groups:
+            sizes[-1] += num_heads - sum(sizes)
+    else:
+        sizes = [num_heads // len(groups) + (i < num_heads % len(groups)) for i in range(len(groups))]
+    views = []
+    for group, size in zip(groups, sizes):
+        directions = _GROUPS[group]
+        views += [directions[i % len(directions)] for i in range(size)]
+    return views
+
+
+@register_encoding("lookhere")
+class LookHere(PositionEncoding):
+    """LookHere (Fuller et al. 2024): 2D-ALiBi with per-head directional fields of view.
+
+    bias[l, h, i, j] = -global_slope * layer_slope[l] * head_slope[h] * ||p_i - p_j|| inside the head's
+    view, -inf outside. Defaults are LH-90 as copied by the PaPE code: global slope 2, layer slopes
+    linspace(1.5, 0.5, depth), heads ``corners-triangles-none``. Head slopes: directional heads
+    2^-(1 + k // 4) for the k-th directional head (0.5 for the first 4, 0.25 for the next 4), ``none`` heads
+    1/4, 1/16, 1/64, ... Distance is Euclidean. CLS row/column zero. Images only.
+    """
+
+    mechanisms = ("bias",)
+    fused = False
+    supported_ndims = (2,)
+    paper = "LookHere (Fuller et al. 2024), LH-90 defaults"
+
+    def __init__(
+        self,
+        ctx: EncodingContext,
+        head_directions: str = "corners-triangles-none",
+        global_slope: float = 2.0,
+        layer_slopes: tuple[float, float] = (1.5, 0.5),
+    ) -> None:
+        super().__init__(ctx)
+        self.views = assign_head_views(head_directions, ctx.num_heads)
+        slopes, num_directional, num_none = [], 0, 0
+        for view in self.views:
+            if view == "none":
+                slopes.append(4.0 ** -(num_none + 1))
+                num_none += 1
+            else:
+                slopes.append(2.0 ** -(1 + num_directional // 4))
+                num_directional += 1
+        self.register_buffer("head_slopes", global_slope * torch.tensor(slopes), persistent=False)
+        self.register_buffer("layer_slopes", torch.linspace(*layer_slopes, ctx.depth), persistent=False)
+
+    def base_bias(self, coords: torch.Tensor) -> torch.Tensor:
+        """(N, 2) -> (heads, N, N): -global * head slope * distance, -inf outside each head's view."""
+        c = coords.to(compute_dtype(coords))
+        dx = c[None, :, 0] - c[:, None, 0]  # (N, N): key x - query x
+        dy = c[None, :, 1] - c[:, None, 1]
+        bias = -self.head_slopes.to(c.dtype)[:, None, None] * pairwise_distance(c)
+        visible = torch.stack([_VIEWS[v](dx, dy) for v in self.views])
+        return bias.masked_fill(~visible, float("-inf"))
+
+    def prepare(self, pos: TokenPositions) -> torch.Tensor:
+        return self.cached(pos.cache_key(), lambda: pad_prefix_bias(self.base_bias(pos.coords), pos.num_prefix_tokens))
+
+    def attn_bias(self, layer, q, k, state):
+        return state * self.layer_slopes[layer]

@@ -1,0 +1,205 @@
+"""The one interface every position encoding implements.
+
+Three mechanisms cover every method in this package, and an encoding may use more than one:
+
+* ``tokens`` - a vector is added to the token embeddings once, before the first block
+  (:meth:`PositionEncoding.add_to_tokens`);
+* ``qk`` - queries and keys are transformed per layer before attention
+  (:meth:`PositionEncoding.transform_qk`), which keeps attention fused;
+* ``bias`` - an additive logit bias is passed to attention as ``attn_mask``
+  (:meth:`PositionEncoding.attn_bias`).
+
+Positions
+---------
+Every encoding receives a :class:`TokenPositions`: the coordinates of the patch tokens in patch units,
+axis order ``(x, y)`` for images (``x`` = column, grows to the right; ``y`` = row, grows downwards) and
+``(x, y, t)`` for video, origin ``0`` at the first patch, tokens in row-major order (the order of
+``PatchEmbed``'s flatten). Prefix tokens (CLS) come first in the sequence and have no coordinates; each
+encoding documents what it does with them. With position interpolation the coordinates are multiplied by
+``train grid / test grid`` per axis (PaPE appendix B); ``scale`` records that factor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "EncodingContext", "PositionEncoding", "TokenPositions", "compute_dtype", "grid_positions", "pad_prefix_bias",
+]
+
+
+@dataclass(frozen=True)
+class EncodingContext:
+    """What an encoding needs to know about the model it sits in."""
+
+    dim: int
+    num_heads: int
+    depth: int
+    grid_size: tuple[int, ...]  # the training grid in patches, (H, W) or (T, H, W)
+    num_prefix_tokens: int = 1
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def ndim(self) -> int:
+        return len(self.grid_size)
+
+
+@dataclass(frozen=True)
+class TokenPositions:
+    """Coordinates of the patch tokens of one input (shared by the whole batch)."""
+
+    coords: torch.Tensor  # (N, p) float32, patch units, axis order (x, y[, t])
+    num_prefix_tokens: int
+    grid_size: tuple[int, ...] | None = None  # (H, W) / (T, H, W); None for free-form coordinates
+    scale: tuple[float, ...] | None = None  # per-axis interpolation factor, in coords' axis order
+
+    @property
+    def ndim(self) -> int:
+        return self.coords.shape[-1]
+
+    @property
+    def num_patches(self) -> int:
+        return self.coords.shape[0]
+
+    @property
+    def axis_scale(self) -> torch.Tensor:
+        """Interpolation factor per axis as a (p,) tensor (ones when interpolation is off)."""
+        scale = self.scale or (1.0,) * self.ndim
+        return torch.tensor(scale, dtype=self.coords.dtype, device=self.coords.device)
+
+    def cache_key(self) -> tuple | None:
+        """A hashable key for content-independent caches; None for free-form coordinates."""
+        if self.grid_size is None:
+            return None
+        return (self.grid_size, self.scale, self.num_prefix_tokens, self.coords.device, self.coords.dtype)
+
+
+def grid_positions(
+    grid_size: tuple[int, ...],
+    num_prefix_tokens: int,
+    train_grid_size: tuple[int, ...] | None = None,
+    interpolate: bool = False,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> TokenPositions:
+    """Positions of a full patch grid, optionally interpolated back to the training grid's range."""
+    # grid_size is (H, W) or (T, H, W); coordinate axes are reversed: (x, y) or (x, y, t)
+    axes = [torch.arange(n, device=device, dtype=dtype) for n in grid_size]
+    mesh = torch.meshgrid(*axes, indexing="ij")  # each (H, W) / (T, H, W), row-major like the patch flatten
+    coords = torch.stack([m.reshape(-1) for m in reversed(mesh)], dim=-1)  # (N, p) = (x, y[, t])
+    scale = None
+    if interpolate and train_grid_size is not None and tuple(train_grid_size) != tuple(grid_size):
+        scale = tuple(float(t) / float(g) for t, g in zip(reversed(train_grid_size), reversed(grid_size)))
+        coords = coords * torch.tensor(scale, device=device, dtype=dtype)
+    return TokenPositions(coords, num_prefix_tokens, tuple(grid_size), scale)
+
+
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """Positional arithmetic runs in float32, or float64 when the input already is (the property tests)."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def pad_prefix_bias(bias: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """Give prefix tokens a zero bias row and column: (..., N, N) -> (..., P+N, P+N)."""
+    if num_prefix_tokens == 0:
+        return bias
+    return F.pad(bias, (num_prefix_tokens, 0, num_prefix_tokens, 0))
+
+
+class PositionEncoding(nn.Module):
+    """Base class: every hook is the identity, an encoding overrides the hooks of its mechanisms.
+
+    Subclasses set the class attributes below; the README's encoding table is generated from them.
+    """
+
+    name: ClassVar[str] = ""
+    mechanisms: ClassVar[tuple[str, ...]] = ()
+    supported_ndims: ClassVar[tuple[int, ...]] = (1, 2, 3)
+    #: True when attention never needs an N x N tensor (fused SDPA with no attn_mask)
+    fused: ClassVar[bool] = True
+    paper: ClassVar[str] = ""
+
+    def __init__(self, ctx: EncodingContext) -> None:
+        super().__init__()
+        if ctx.ndim not in self.supported_ndims:
+            dims = ", ".join(f"{d}-D" for d in self.supported_ndims)
+            raise ValueError(
+                f"position encoding {self.name!r} is defined for {dims} inputs only, "
+                f"but the model has a {ctx.ndim}-D patch grid {tuple(ctx.grid_size)}"
+            )
+        if ctx.dim % ctx.num_heads:
+            raise ValueError(f"embed dim {ctx.dim} is not divisible by num_heads {ctx.num_heads}")
+        self.ctx = ctx
+        self._cache: dict[Any, Any] = {}
+
+    # --- the three hooks -------------------------------------------------------------------------
+    def add_to_tokens(self, x: torch.Tensor, pos: TokenPositions) -> torch.Tensor:
+        """x: (B, P+N, D) with the prefix tokens first. Returns the same shape."""
+        return x
+
+    def prepare(self, pos: TokenPositions) -> Any:
+        """Per-forward state shared by all layers (angles, rotations, cached biases)."""
+        return None
+
+    def transform_qk(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, state: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k: (B, heads, P+N, head_dim); x: (B, P+N, D), the block's normed input.
+
+        May return wider q and k (both the same width); attention then pads v to match.
+        """
+        return q, k
+
+    def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor | None:
+        """Additive logit bias, added after the q.k scaling: (heads, P+N, P+N) or (B, heads, P+N, P+N)."""
+        return None
+
+    def set_grid_size(self, grid_size: tuple[int, ...], old_grid_size: tuple[int, ...]) -> None:
+        """The model's nominal grid changed (``set_input_size``): learned tables follow, caches drop."""
+        self.ctx = replace(self.ctx, grid_size=tuple(grid_size))
+        self._cache = {}
+        for child in self.children():
+            if isinstance(child, PositionEncoding):
+                child.set_grid_size(grid_size, old_grid_size)
+
+    # --- helpers for subclasses ------------------------------------------------------------------
+    def no_weight_decay(self) -> set[str]:
+        """Names (relative to this module) of parameters to exclude from weight decay."""
+        return set()
+
+    def cached(self, key: Any, build: Callable[[], Any], depends_on_params: bool = False) -> Any:
+        """Build once per key. Learned state is cached only where no gradient can flow into it, and its key
+        carries the parameters' version counters so an optimizer step or a weight load invalidates it."""
+        if key is None:
+            return build()
+        if depends_on_params:
+            if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+                return build()
+            key = (key, tuple(p._version for p in self.parameters()), tuple(p.data_ptr() for p in self.parameters()))
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = build()
+            # one entry: a model is usually run at one resolution at a time, and entries can be large
+            self._cache = {key: hit}
+        return hit
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001 - nn.Module's signature
+        self._cache = {}  # .to() / .half(): cached tensors belong to the old device or dtype
+        return super()._apply(fn, recurse=recurse)
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, mechanisms={self.mechanisms}, grid={tuple(self.ctx.grid_size)}"
+
+    @staticmethod
+    def require_grid(pos: TokenPositions, who: str) -> tuple[int, ...]:
+        if pos.grid_size is None:
+            raise ValueError(f"{who} needs a full patch grid (TokenPositions.grid_size), got free-form coordinates")
+        return pos.grid_size

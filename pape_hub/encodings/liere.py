@@ -1,0 +1,86 @@
+"""LieRE (Ostmeier et al. 2025): learned rotations R(p) = exp(sum_d p_d A_d) applied to queries and keys.
+
+Each layer and head owns p skew-symmetric generators A_d, block-diagonal with blocks of ``block_size``
+(8 for ``liere8``; the whole head for ``liere``, the paper's LieRE_64 at head dim 64). Block size 2 is
+RoPE-Mixed with a different parameterisation. Head dims beyond the last full block stay unrotated.
+
+Init as the reference: raw U(0, 2 pi) upper triangles, A = U - U^T. Positions as the reference: patch
+coordinates divided by (training grid - 1) per axis, so the training grid spans [0, 1]; other grids keep
+that spacing (extrapolation; the reference's ``linspace(0, S / S_train, S)`` stretches the spacing slightly
+instead). CLS gets the identity rotation (a zero generator in the reference).
+
+The reference code overwrites its per-layer rotations inside the layer loop, so every block there uses
+layer 0's rotation and the other layers' generators get no gradient. Here each layer uses its own.
+
+Rotations are computed in float32 with one ``matrix_exp`` per forward for all layers, heads and tokens:
+once per step in training, and cached per grid at inference (invalidated when the parameters change).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype
+from .registry import register_encoding
+
+__all__ = ["LieRE", "skew_symmetric"]
+
+
+def skew_symmetric(raw: torch.Tensor) -> torch.Tensor:
+    """(..., b, b) -> A = U - U^T with U the strict upper triangle of ``raw``."""
+    upper = raw.triu(1)
+    return upper - upper.transpose(-1, -2)
+
+
+@register_encoding("liere", block_size=None)
+@register_encoding("liere8", block_size=8)
+class LieRE(PositionEncoding):
+    """LieRE with block-diagonal (``block_size``) or dense (``block_size=None``) generators."""
+
+    mechanisms = ("qk",)
+    paper = "LieRE (Ostmeier et al. 2025)"
+
+    def __init__(self, ctx: EncodingContext, block_size: int | None = None, init_scale: float = 2 * math.pi) -> None:
+        super().__init__(ctx)
+        hd = ctx.head_dim
+        self.block_size = b = hd if block_size is None else block_size
+        if not 2 <= b <= hd:
+            raise ValueError(f"LieRE block_size must be in [2, head_dim={hd}], got {b}")
+        self.num_blocks = hd // b
+        # (depth, heads, blocks, p, b, b) raw parameters; only the strict upper triangle is used
+        self.generators = nn.Parameter(torch.rand(ctx.depth, ctx.num_heads, self.num_blocks, ctx.ndim, b, b) * init_scale)
+        grid = torch.tensor(list(reversed(ctx.grid_size)), dtype=torch.float32)  # coordinate axis order
+        self.register_buffer("position_scale", 1.0 / (grid - 1).clamp(min=1), persistent=False)
+
+    def rotations(self, coords: torch.Tensor) -> torch.Tensor:
+        """(N, p) patch coordinates -> (depth, heads, N, blocks, b, b) float32 rotations."""
+        work = compute_dtype(coords)
+        pos = coords.to(work) * self.position_scale.to(work)
+        skew = skew_symmetric(self.generators.to(work))  # (L, H, G, p, b, b)
+        log_rot = torch.einsum("np,lhgpij->lhngij", pos, skew)
+        return torch.linalg.matrix_exp(log_rot.contiguous())
+
+    def prepare(self, pos: TokenPositions) -> torch.Tensor:
+        def build() -> torch.Tensor:
+            with torch.autocast(pos.coords.device.type, enabled=False):
+                return self.rotations(pos.coords)
+
+        return self.cached(pos.cache_key(), build, depends_on_params=True)
+
+    def rotate(self, t: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+        """t: (B, H, P+N, hd); rot: (H, N, G, b, b). Rotates the first G*b dims of the patch tokens."""
+        p, span = self.ctx.num_prefix_tokens, self.num_blocks * self.block_size
+        patches = t[:, :, p:, :span].to(rot.dtype).unflatten(-1, (self.num_blocks, self.block_size))  # (B,H,N,G,b)
+        rotated = torch.einsum("hngij,bhngj->bhngi", rot, patches).flatten(-2).to(t.dtype)
+        rotated = torch.cat([rotated, t[:, :, p:, span:]], dim=-1)
+        return torch.cat([t[:, :, :p], rotated], dim=2) if p else rotated
+
+    def transform_qk(self, layer, q, k, x, state):
+        rot = state[layer]
+        return self.rotate(q, rot), self.rotate(k, rot)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"generators"}

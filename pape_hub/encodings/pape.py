@@ -1,0 +1,174 @@
+"""PaPE and PaPE-RI: parabolic position encodings (Ohrstrom et al. 2026), run on fused attention.
+
+The paper's score (eq. 9) for query i and key j, with s = W_p r and dr = W_p (r_j - r_i):
+
+    S_ij = <a_i, dr^2> + <b_i, dr> + <q_i, k_j>,   a_i = -softplus(W_a x_i),  b_i = W_b x_i.
+
+Expanding the positional part and dropping what depends on i alone (constant along a softmax row, so it
+cancels) leaves a quadratic polynomial in the key's position with query-dependent coefficients:
+
+    <Q_i, r_j r_j^T> + <g_i, r_j>,   Q_i = W_p^T diag(a_i) W_p,   g_i = W_p^T (b_i - 2 a_i * s_i).
+
+So queries gain p(p+1)/2 + p coefficient channels and keys the matching monomials of r_j: 5 extra dims for
+images, 9 for video, whatever m is - instead of the paper's 3m + 2 (eq. 13-14). ``b`` enters only through
+W_p^T b_i, so W_p^T W_b is folded into one (p x d) map per head. No N x N tensor is formed and attention stays
+on ``scaled_dot_product_attention``; like the reference code, the softmax scale stays head_dim^-1/2 of the
+original head, so the positional term is scaled with q.k.
+
+Positions follow the reference code: patches at integer grid coordinates starting at 1, CLS at the origin
+(so CLS is a token just outside the top-left corner and gets no special treatment). The polynomial is
+evaluated about the grid centre, which changes nothing (the score is translation invariant) and keeps the
+monomials small for float16/bfloat16 attention. All positional arithmetic is float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype
+from .registry import register_encoding
+
+__all__ = ["PaPE", "PaPERI", "quadratic_key_monomials", "quadratic_query_coefficients"]
+
+
+def _upper_pairs(p: int) -> tuple[list[int], list[int]]:
+    rows, cols = torch.triu_indices(p, p).tolist()
+    return rows, cols
+
+
+def quadratic_key_monomials(r: torch.Tensor) -> torch.Tensor:
+    """(..., p) -> (..., p(p+1)/2 + p): [r_u r_v for u <= v, r_u]."""
+    rows, cols = _upper_pairs(r.shape[-1])
+    return torch.cat([r[..., rows] * r[..., cols], r], dim=-1)
+
+
+def quadratic_query_coefficients(quad: torch.Tensor, lin: torch.Tensor) -> torch.Tensor:
+    """Coefficients matching :func:`quadratic_key_monomials`: quad (..., p, p) symmetric, lin (..., p).
+
+    <coeffs, monomials(r)> = r^T quad r + lin . r; off-diagonal entries count twice.
+    """
+    p = lin.shape[-1]
+    rows, cols = _upper_pairs(p)
+    weight = torch.tensor([1.0 if u == v else 2.0 for u, v in zip(rows, cols)], device=quad.device, dtype=quad.dtype)
+    return torch.cat([quad[..., rows, cols] * weight, lin], dim=-1)
+
+
+class ParabolicEncoding(PositionEncoding):
+    """Shared machinery: positions, and appending the quadratic channels to q and k."""
+
+    mechanisms = ("qk",)
+
+    def token_positions(self, pos: TokenPositions) -> torch.Tensor:
+        """(P+N, p) float32 positions, patches at grid index + 1 (scaled with interpolation), CLS at 0,
+        shifted by the centre of the patch positions."""
+        r = pos.coords.to(compute_dtype(pos.coords)) + pos.axis_scale
+        r = F.pad(r, (0, 0, pos.num_prefix_tokens, 0))  # prefix tokens at the origin
+        return r - (r[pos.num_prefix_tokens:].amin(0) + r[pos.num_prefix_tokens:].amax(0)) / 2
+
+    def prepare(self, pos: TokenPositions) -> torch.Tensor:
+        return self.cached(pos.cache_key(), lambda: self.token_positions(pos))
+
+    def coefficients(self, layer: int, x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Query coefficients for layer ``layer``: quad (B, H, P+N, p, p), lin (B, H, P+N, p)."""
+        raise NotImplementedError
+
+    def transform_qk(self, layer, q, k, x, state):
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.to(compute_dtype(x))
+            r = state.to(x.dtype)  # (P+N, p), centred
+            quad, lin = self.coefficients(layer, x, r)
+            q_extra = quadratic_query_coefficients(quad, lin)  # (B, H, P+N, E)
+            k_extra = quadratic_key_monomials(r).expand(k.shape[0], k.shape[1], -1, -1)  # (B, H, P+N, E)
+        return torch.cat([q, q_extra.to(q.dtype)], dim=-1), torch.cat([k, k_extra.to(k.dtype)], dim=-1)
+
+
+@register_encoding("pape")
+class PaPE(ParabolicEncoding):
+    """PaPE: m parabolas per head with content-dependent curvature a (< 0) and tilt b.
+
+    Per layer: W_p (heads, m, p) ``position_proj``, W_a and W_b (d -> heads * m) ``curvature_proj`` and
+    ``tilt_proj`` applied to the block's normed input (the reference uses one Linear d -> 2 heads m with the
+    same parameters). Default m = 50, the paper's setting. Initialised like ``nn.Linear`` (uniform Kaiming),
+    as in the paper.
+    """
+
+    paper = "PaPE (Ohrstrom et al. 2026), eq. 9 via fused q/k augmentation"
+
+    def __init__(self, ctx: EncodingContext, num_parabolas: int = 50) -> None:
+        super().__init__(ctx)
+        self.num_parabolas = m = num_parabolas
+        h, p, d = ctx.num_heads, ctx.ndim, ctx.dim
+        self.position_proj = nn.Parameter(torch.empty(ctx.depth, h, m, p))
+        self.curvature_proj = nn.Parameter(torch.empty(ctx.depth, h * m, d))
+        self.tilt_proj = nn.Parameter(torch.empty(ctx.depth, h * m, d))
+        # nn.Linear's default init, per layer: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+        nn.init.uniform_(self.position_proj, -1 / math.sqrt(p), 1 / math.sqrt(p))
+        nn.init.uniform_(self.curvature_proj, -1 / math.sqrt(d), 1 / math.sqrt(d))
+        nn.init.uniform_(self.tilt_proj, -1 / math.sqrt(d), 1 / math.sqrt(d))
+
+    def coefficients(self, layer, x, r):
+        h, m = self.ctx.num_heads, self.num_parabolas
+        w_p = self.position_proj[layer].to(x.dtype)  # (H, m, p)
+        a = -F.softplus(F.linear(x, self.curvature_proj[layer].to(x.dtype)))  # (B, T, H*m)
+        a = a.unflatten(-1, (h, m)).transpose(1, 2)  # (B, H, T, m)
+        s = torch.einsum("hmp,tp->htm", w_p, r)  # (H, T, m) projected positions
+        tilt_to_pos = torch.einsum("hmp,hmd->hpd", w_p, self.tilt_proj[layer].to(x.dtype).unflatten(0, (h, m)))
+        lin = torch.einsum("btd,hpd->bhtp", x, tilt_to_pos)  # W_p^T b_i: (B, H, T, p)
+        lin = lin - 2 * torch.einsum("bhtm,htm,hmp->bhtp", a, s, w_p)  # - 2 W_p^T (a_i * s_i)
+        quad = torch.einsum("bhtm,hmu,hmv->bhtuv", a, w_p, w_p)  # W_p^T diag(a_i) W_p: (B, H, T, p, p)
+        return quad, lin
+
+    def pairwise_scores(self, layer: int, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor,
+                        pos: TokenPositions) -> torch.Tensor:
+        """The paper's eq. 9 computed literally, (B, H, T, T), for tests: S_ij before the softmax scale."""
+        h, m = self.ctx.num_heads, self.num_parabolas
+        r = self.token_positions(pos).to(x.dtype)
+        w_p = self.position_proj[layer].to(x.dtype)
+        a = -F.softplus(F.linear(x, self.curvature_proj[layer].to(x.dtype))).unflatten(-1, (h, m)).transpose(1, 2)
+        b = F.linear(x, self.tilt_proj[layer].to(x.dtype)).unflatten(-1, (h, m)).transpose(1, 2)
+        dr = torch.einsum("hmp,ijp->hijm", w_p, r[None, :, :] - r[:, None, :])  # W_p (r_j - r_i)
+        return (torch.einsum("bhim,hijm->bhij", a, dr**2) + torch.einsum("bhim,hijm->bhij", b, dr)
+                + q @ k.transpose(-1, -2))
+
+
+@register_encoding("pape_ri")
+class PaPERI(ParabolicEncoding):
+    """PaPE-RI: b = 0, one curvature a_i < 0 per token and head, W_p = w I.
+
+    The positional term is a_i w^2 ||r_j - r_i||^2, translation and rotation invariant. As in the reference
+    code w is a fixed random per-head scale drawn from U(-sqrt(1/p), sqrt(1/p)) (a buffer); the paper leaves
+    open whether w is learned, and a learned w would only rescale the learned a.
+    """
+
+    paper = "PaPE-RI (Ohrstrom et al. 2026)"
+
+    def __init__(self, ctx: EncodingContext) -> None:
+        super().__init__(ctx)
+        d, h = ctx.dim, ctx.num_heads
+        self.curvature_proj = nn.Parameter(torch.empty(ctx.depth, h, d))
+        nn.init.uniform_(self.curvature_proj, -1 / math.sqrt(d), 1 / math.sqrt(d))
+        bound = math.sqrt(1 / ctx.ndim)
+        self.register_buffer("isotropic_scale", torch.empty(ctx.depth, h).uniform_(-bound, bound))
+
+    def curvature(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """a_i w^2 per head: (B, H, T)."""
+        a = -F.softplus(F.linear(x, self.curvature_proj[layer].to(x.dtype)))  # (B, T, H)
+        return a.transpose(1, 2) * self.isotropic_scale[layer].to(x.dtype)[:, None] ** 2
+
+    def coefficients(self, layer, x, r):
+        alpha = self.curvature(layer, x)  # (B, H, T)
+        eye = torch.eye(r.shape[-1], device=x.device, dtype=x.dtype)
+        quad = alpha[..., None, None] * eye  # a w^2 I
+        lin = -2 * alpha[..., None] * r  # -2 a w^2 r_i
+        return quad, lin
+
+    def pairwise_scores(self, layer: int, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor,
+                        pos: TokenPositions) -> torch.Tensor:
+        """a_i w^2 ||r_j - r_i||^2 + q.k, (B, H, T, T), for tests."""
+        r = self.token_positions(pos).to(x.dtype)
+        dist2 = ((r[None, :, :] - r[:, None, :]) ** 2).sum(-1)
+        return self.curvature(layer, x)[..., None] * dist2 + q @ k.transpose(-1, -2)

@@ -1,0 +1,97 @@
+"""SaPE^2 (arXiv 2505.09466): semantic-aware 2-D positions, CoPE-style, as an additive logit bias.
+
+Per layer, head and axis (eqs. 9-16; reference code in the paper's appendix D):
+
+1. gates within each row (x axis) or column (y axis): g_ij = sigmoid(q_i . k_j / sqrt(d));
+2. contextual positions: p_im = sum of g_ij over the keys j of the same row at or after column m
+   (a reverse cumulative sum), clamped to [0, npos - 1];
+3. position logits z_i[p] = u_i . e[p] for integer p (key mode: u = k, the paper's best; query mode: u = q),
+   linearly interpolated at the fractional p_im, giving the vector SaPE_x[i] = (z_i1, ..., z_iW);
+4. bias_in = ||SaPE_x[i] - SaPE_x[n]||_2 + ||SaPE_y[i] - SaPE_y[n]||_2, added to q.k before the sqrt(d)
+   division (eq. 16).
+
+The bias depends on content, so it is a (B, heads, N, N) tensor built every forward (not fused, like the
+method itself). npos defaults to the longest training-grid side + 1 (positions lie in [0, W]); larger
+grids clamp, as the reference does. The paper's code takes H == W; here rows and columns may differ.
+The paper has no class token in this path: CLS gets a zero bias row and column and takes no part in gates.
+``sape2_ape`` adds a learned absolute embedding (the paper's SaPE^2 + APE).
+"""
+
+from __future__ import annotations
+
+import torch
+from timm.layers import trunc_normal_
+from torch import nn
+
+from .absolute import LearnedAbsolute
+from .base import EncodingContext, PositionEncoding, TokenPositions, pad_prefix_bias
+from .registry import register_encoding
+
+__all__ = ["SaPE2"]
+
+
+def contextual_position_logits(
+    q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, scale: float, key_mode: bool
+) -> torch.Tensor:
+    """One axis of SaPE^2 along the second-to-last token axis.
+
+    q, k: (..., L, d) tokens of one line (row or column); emb: (d, npos). Returns (..., L, L): for query i,
+    the interpolated logit of every position m in its line.
+    """
+    gates = torch.sigmoid((q @ k.transpose(-1, -2)) * scale)  # (..., L_i, L_j)
+    pos = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=emb.shape[-1] - 1)  # p_im = sum_{j >= m} g_ij
+    logits = (k if key_mode else q) @ emb  # (..., L, npos): z_i[p] at integer p
+    floor = pos.floor()
+    frac = pos - floor
+    lower = logits.gather(-1, floor.long())
+    upper = logits.gather(-1, pos.ceil().long())
+    return upper * frac + lower * (1 - frac)
+
+
+@register_encoding("sape2_ape", with_ape=True)
+@register_encoding("sape2")
+class SaPE2(PositionEncoding):
+    """SaPE^2 (key mode by default), optionally with a learned absolute embedding."""
+
+    mechanisms = ("bias",)
+    fused = False
+    supported_ndims = (2,)
+    paper = "SaPE^2 (2025), key mode"
+
+    def __init__(self, ctx: EncodingContext, mode: str = "key", num_positions: int | None = None,
+                 with_ape: bool = False) -> None:
+        super().__init__(ctx)
+        if mode not in ("key", "query"):
+            raise ValueError(f"SaPE2 mode must be 'key' or 'query', got {mode!r}")
+        self.key_mode = mode == "key"
+        self.num_positions = num_positions or max(ctx.grid_size) + 1
+        # (depth, axis x/y, head_dim, npos), shared by the heads of a layer as in the reference
+        self.pos_emb = nn.Parameter(torch.zeros(ctx.depth, 2, ctx.head_dim, self.num_positions))
+        trunc_normal_(self.pos_emb, std=0.02)
+        self.absolute = LearnedAbsolute(ctx) if with_ape else None
+        if with_ape:
+            self.mechanisms = ("tokens", "bias")
+
+    def add_to_tokens(self, x: torch.Tensor, pos: TokenPositions) -> torch.Tensor:
+        return self.absolute.add_to_tokens(x, pos) if self.absolute is not None else x
+
+    def no_weight_decay(self) -> set[str]:
+        return {"absolute.pos_embed"} if self.absolute is not None else set()
+
+    def prepare(self, pos: TokenPositions) -> tuple[int, ...]:
+        return self.require_grid(pos, "sape2")
+
+    def attn_bias(self, layer, q, k, state):
+        rows, cols = state
+        p, scale = self.ctx.num_prefix_tokens, self.ctx.head_dim**-0.5
+        emb = self.pos_emb[layer].to(q.dtype)
+        q_grid = q[:, :, p:].unflatten(2, (rows, cols))  # (B, H, rows, cols, d)
+        k_grid = k[:, :, p:].unflatten(2, (rows, cols))
+        along_x = contextual_position_logits(q_grid, k_grid, emb[0], scale, self.key_mode)  # (B,H,rows,cols,cols)
+        along_y = contextual_position_logits(
+            q_grid.transpose(2, 3), k_grid.transpose(2, 3), emb[1], scale, self.key_mode
+        ).transpose(2, 3)  # (B, H, rows, cols, rows)
+        sape_x = along_x.flatten(2, 3)  # (B, H, N, cols)
+        sape_y = along_y.flatten(2, 3)  # (B, H, N, rows)
+        bias = torch.cdist(sape_x, sape_x) + torch.cdist(sape_y, sape_y)  # (B, H, N, N)
+        return pad_prefix_bias(bias * scale, p)  # eq. 16 divides the bias by sqrt(d) too

@@ -1,0 +1,3 @@
+from .attention import PositionalAttention, PositionalBlock
+
+__all__ = ["PositionalAttention", "PositionalBlock"]

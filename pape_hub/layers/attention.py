@@ -1,0 +1,120 @@
+"""One attention module and one transformer block for every position encoding.
+
+The block does not own the encoding (the model does, it is shared by all blocks); it receives the encoding
+and its per-forward state at call time and calls its hooks for this layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from timm.layers import DropPath, LayerNorm, Mlp
+from torch import nn
+
+from ..encodings.base import PositionEncoding
+
+__all__ = ["PositionalAttention", "PositionalBlock"]
+
+
+class PositionalAttention(nn.Module):
+    """Multi-head self-attention whose q/k transform and logit bias come from a :class:`PositionEncoding`.
+
+    ``fused_attn`` (default) runs ``F.scaled_dot_product_attention``; the eager path computes the same
+    softmax by hand and can return the attention probabilities. When the encoding widens q and k
+    (PaPE's augmentation) v is zero-padded to their width and the output sliced back, so CPU and GPU
+    fused kernels, which want one head width, still apply. The softmax scale stays head_dim^-1/2.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        layer_idx: int,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] = LayerNorm,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim {dim} must be divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.layer_idx = layer_idx
+        self.fused_attn = True
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(
+        self, x: torch.Tensor, encoding: PositionEncoding, state: Any, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, T, D) normed tokens. Returns (B, T, D) and, if asked, the (B, H, T, T) probabilities."""
+        B, T, D = x.shape
+        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # each (B, H, T, hd)
+        q, k = self.q_norm(q), self.k_norm(k)
+        q, k = encoding.transform_qk(self.layer_idx, q, k, x, state)  # may widen to (B, H, T, hd + E)
+        bias = encoding.attn_bias(self.layer_idx, q, k, state)  # None, (H, T, T) or (B, H, T, T)
+        if bias is not None:
+            bias = bias.to(q.dtype)
+
+        if self.fused_attn and not output_attentions:
+            width = q.shape[-1]
+            v_in = F.pad(v, (0, width - self.head_dim)) if width != self.head_dim else v
+            out = F.scaled_dot_product_attention(
+                q, k, v_in, attn_mask=bias, dropout_p=self.attn_drop.p if self.training else 0.0, scale=self.scale
+            )[..., : self.head_dim]
+            probs = None
+        else:
+            logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, T, T)
+            if bias is not None:
+                logits = logits + bias
+            probs = logits.softmax(dim=-1)
+            out = self.attn_drop(probs) @ v
+        out = out.transpose(1, 2).reshape(B, T, D)
+        return self.proj_drop(self.proj(out)), probs
+
+
+class PositionalBlock(nn.Module):
+    """Pre-norm transformer block (timm's ``Block``) around :class:`PositionalAttention`."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        layer_idx: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        act_layer: type[nn.Module] = nn.GELU,
+        norm_layer: type[nn.Module] = LayerNorm,
+    ) -> None:
+        super().__init__()
+        self.norm1 = norm_layer(dim)
+        self.attn = PositionalAttention(
+            dim, num_heads, layer_idx, qkv_bias=qkv_bias, qk_norm=qk_norm, attn_drop=attn_drop,
+            proj_drop=proj_drop, norm_layer=norm_layer,
+        )
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(
+        self, x: torch.Tensor, encoding: PositionEncoding, state: Any, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        attn_out, probs = self.attn(self.norm1(x), encoding, state, output_attentions)
+        x = x + self.drop_path1(attn_out)
+        x = x + self.drop_path2(self.mlp(self.norm2(x)))
+        return x, probs

@@ -1,0 +1,284 @@
+"""Vision Transformer with a pluggable position encoding, registered in timm.
+
+config (constructor args) -> embeddings (patches, CLS, :meth:`add_to_tokens`) -> attention
+(:class:`~pape_hub.layers.PositionalAttention`) -> blocks -> pooling -> head. Positions are computed for the
+grid each input actually has, so any image size divisible by the patch size runs without changing the model.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from timm.layers import LayerNorm, PatchEmbed, trunc_normal_
+from timm.layers.pool1d import global_pool_nlc
+from timm.models._features import feature_take_indices
+from timm.models._manipulate import checkpoint
+from torch import nn
+
+from ..encodings import EncodingContext, PositionEncoding, TokenPositions, create_encoding, grid_positions
+from ..layers import PositionalBlock
+
+__all__ = ["VisionTransformer"]
+
+_POOL_TYPES = ("", "token", "avg", "max", "avgmax")
+
+
+class VisionTransformer(nn.Module):
+    """ViT whose position encoding is a constructor argument (any name in ``pape_hub.list_encodings()``).
+
+    Args mirror timm's ``VisionTransformer``; the position-specific ones are:
+        position_encoding: encoding name.
+        position_encoding_kwargs: constructor arguments of that encoding (e.g. ``{"num_parabolas": 8}``).
+        position_interpolation: scale positions by train grid / test grid at other resolutions (PaPE app. B).
+    """
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "token",
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        class_token: bool = True,
+        position_encoding: str = "ape",
+        position_encoding_kwargs: dict[str, Any] | None = None,
+        position_interpolation: bool = False,
+        fc_norm: bool | None = None,
+        dynamic_img_size: bool = True,
+        drop_rate: float = 0.0,
+        pos_drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        head_bias_init: float | None = None,
+        act_layer: type[nn.Module] = nn.GELU,
+        norm_layer: type[nn.Module] | None = None,
+    ) -> None:
+        super().__init__()
+        if global_pool not in _POOL_TYPES:
+            raise ValueError(f"global_pool must be one of {_POOL_TYPES}, got {global_pool!r}")
+        if global_pool == "token" and not class_token:
+            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
+        norm_layer = norm_layer or partial(LayerNorm, eps=1e-6)
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.num_prefix_tokens = 1 if class_token else 0
+        self.has_class_token = class_token
+        self.dynamic_img_size = dynamic_img_size
+        self.position_interpolation = position_interpolation
+        self.grad_checkpointing = False
+
+        self.patch_embed = PatchEmbed(
+            img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
+            output_fmt="NHWC", strict_img_size=False,
+        )
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        ctx = EncodingContext(embed_dim, num_heads, depth, tuple(self.patch_embed.grid_size), self.num_prefix_tokens)
+        self.pos_encoding: PositionEncoding = create_encoding(position_encoding, ctx, **(position_encoding_kwargs or {}))
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+
+        dpr = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth decay rule
+        self.blocks = nn.ModuleList(
+            PositionalBlock(
+                embed_dim, num_heads, layer_idx=i, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_norm=qk_norm,
+                proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[i], act_layer=act_layer,
+                norm_layer=norm_layer,
+            )
+            for i in range(depth)
+        )
+        self.feature_info = [
+            dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=self.patch_embed.patch_size[0]) for i in range(depth)
+        ]
+        use_fc_norm = global_pool in ("avg", "max", "avgmax") if fc_norm is None else fc_norm
+        self.norm = norm_layer(embed_dim) if not use_fc_norm else nn.Identity()
+        self.fc_norm = norm_layer(embed_dim) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head_bias_init = head_bias_init
+        self.init_weights()
+
+    # --- init ------------------------------------------------------------------------------------
+    def init_weights(self) -> None:
+        """timm's ViT init: trunc-normal(0.02) linears, zero biases, CLS ~ N(0, 1e-6). Encodings keep theirs.
+
+        With ``head_bias_init`` set (PaPE's recipe: zero head weights, bias -log(num_classes)) the head
+        starts at uniform class probabilities.
+        """
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        for name, module in self.named_modules():
+            if name.startswith("pos_encoding"):
+                continue
+            if isinstance(module, nn.Linear):
+                trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        if self.head_bias_init is not None and isinstance(self.head, nn.Linear):
+            nn.init.zeros_(self.head.weight)
+            nn.init.constant_(self.head.bias, self.head_bias_init)
+
+    # --- timm model interface --------------------------------------------------------------------
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        names = {"cls_token"}
+        return names | {f"pos_encoding.{n}" for n in self.pos_encoding.no_weight_decay()}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        return dict(
+            stem=r"^cls_token|^pos_encoding|^patch_embed",
+            blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+        )
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        self.num_classes = num_classes
+        if global_pool is not None:
+            if global_pool not in _POOL_TYPES or (global_pool == "token" and self.cls_token is None):
+                raise ValueError(f"unsupported global_pool {global_pool!r} for this model")
+            self.global_pool = global_pool
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None) -> None:
+        """Change the nominal input size (the grid position interpolation refers to; APE's table size)."""
+        if patch_size is not None:
+            raise NotImplementedError("changing the patch size is not supported; create a model with that patch size")
+        if img_size is None:
+            return
+        old_grid = tuple(self.patch_embed.grid_size)
+        self.patch_embed.set_input_size(img_size=img_size)
+        self.pos_encoding.set_grid_size(tuple(self.patch_embed.grid_size), old_grid)
+
+    # --- forward ---------------------------------------------------------------------------------
+    def grid_size_for(self, x: torch.Tensor) -> tuple[int, int]:
+        """Validate an image batch and return its patch grid (H / p, W / p)."""
+        if x.ndim != 4:
+            raise ValueError(f"expected an image batch (B, C, H, W), got shape {tuple(x.shape)}")
+        channels = self.patch_embed.proj.in_channels
+        if x.shape[1] != channels:
+            raise ValueError(f"expected {channels} input channels, got {x.shape[1]} (input shape {tuple(x.shape)})")
+        (ph, pw), (h, w) = self.patch_embed.patch_size, x.shape[-2:]
+        if h % ph or w % pw:
+            raise ValueError(
+                f"image size {h}x{w} is not divisible by the patch size {ph}x{pw}; use a multiple of it "
+                f"(e.g. {h // ph * ph or ph}x{w // pw * pw or pw})"
+            )
+        if not self.dynamic_img_size and (h, w) != tuple(self.patch_embed.img_size):
+            raise ValueError(
+                f"image size {h}x{w} differs from the model's {tuple(self.patch_embed.img_size)} and "
+                "dynamic_img_size=False; pass dynamic_img_size=True or call set_input_size()"
+            )
+        return h // ph, w // pw
+
+    def positions(self, grid_size: tuple[int, ...], device: torch.device) -> TokenPositions:
+        return grid_positions(
+            grid_size, self.num_prefix_tokens, tuple(self.patch_embed.grid_size), self.position_interpolation, device
+        )
+
+    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, TokenPositions]:
+        """Images (B, C, H, W) -> tokens (B, P+N, D) with absolute encodings added, and their positions."""
+        grid = self.grid_size_for(x)
+        tokens = self.patch_embed(x).flatten(1, 2)  # (B, H, W, D) -> (B, N, D), row-major
+        if self.cls_token is not None:
+            tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1)
+        pos = self.positions(grid, x.device)
+        tokens = self.pos_encoding.add_to_tokens(tokens, pos)
+        return self.pos_drop(tokens), pos
+
+    def run_blocks(
+        self,
+        x: torch.Tensor,
+        pos: TokenPositions,
+        take: set[int] | None = None,
+        output_attentions: bool = False,
+        stop_after: int | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """Run the blocks; returns the last tokens, the tokens after each block in ``take`` and attentions."""
+        state = self.pos_encoding.prepare(pos)
+        hidden, attentions = [], []
+        blocks = self.blocks if stop_after is None else self.blocks[: stop_after + 1]
+        for i, block in enumerate(blocks):
+            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+                x, probs = checkpoint(block, x, self.pos_encoding, state, output_attentions)
+            else:
+                x, probs = block(x, self.pos_encoding, state, output_attentions)
+            if take is not None and i in take:
+                hidden.append(x)
+            if probs is not None:
+                attentions.append(probs)
+        return x, hidden, attentions
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x, pos = self.embed(x)
+        x, _, _ = self.run_blocks(x, pos)
+        return self.norm(x)
+
+    def pool(self, x: torch.Tensor, pool_type: str | None = None) -> torch.Tensor:
+        return global_pool_nlc(x, pool_type=self.global_pool if pool_type is None else pool_type,
+                               num_prefix_tokens=self.num_prefix_tokens)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.fc_norm(self.pool(x))
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
+        """timm's feature API: the tokens after the blocks in ``indices`` (NCHW maps or NLC tokens)."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        B = x.shape[0]
+        grid = self.grid_size_for(x)
+        tokens, pos = self.embed(x)
+        tokens, hidden, _ = self.run_blocks(tokens, pos, take=set(take_indices),
+                                            stop_after=max_index if stop_early else None)
+        hidden = [self.norm(h) if norm else h for h in hidden]
+        prefix = [h[:, : self.num_prefix_tokens] for h in hidden]
+        hidden = [h[:, self.num_prefix_tokens :] for h in hidden]
+        if output_fmt == "NCHW":
+            hidden = [h.reshape(B, *grid, -1).permute(0, 3, 1, 2).contiguous() for h in hidden]
+        if return_prefix_tokens:
+            hidden = list(zip(hidden, prefix))
+        if intermediates_only:
+            return hidden
+        return self.norm(tokens), hidden
+
+    def prune_intermediate_layers(
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[: max_index + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.fc_norm = nn.Identity()
+            self.reset_classifier(0, "")
+        return take_indices
