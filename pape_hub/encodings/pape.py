@@ -16,7 +16,8 @@ on ``scaled_dot_product_attention``; like the reference code, the softmax scale 
 original head, so the positional term is scaled with q.k.
 
 Positions follow the reference code: patches at integer grid coordinates starting at 1, CLS at the origin
-(so CLS is a token just outside the top-left corner and gets no special treatment). The polynomial is
+(0, 0), i.e. one step before the first patch on every axis: a token just outside the top-left corner that
+gets no special treatment. The polynomial is
 evaluated about the grid centre, which changes nothing (the score is translation invariant) and keeps the
 monomials small for float16/bfloat16 attention. All positional arithmetic is float32.
 """
@@ -63,11 +64,13 @@ class ParabolicEncoding(PositionEncoding):
     mechanisms = ("qk",)
 
     def token_positions(self, pos: TokenPositions) -> torch.Tensor:
-        """(P+N, p) float32 positions, patches at grid index + 1 (scaled with interpolation), CLS at 0,
-        shifted by the centre of the patch positions."""
-        r = pos.coords.to(compute_dtype(pos.coords)) + pos.axis_scale
-        r = F.pad(r, (0, 0, pos.num_prefix_tokens, 0))  # prefix tokens at the origin
-        return r - (r[pos.num_prefix_tokens:].amin(0) + r[pos.num_prefix_tokens:].amax(0)) / 2
+        """(P+N, p) positions: patches at grid index + 1 (times the interpolation factor), prefix tokens one
+        step before the first patch (the reference's origin), all shifted by the centre of the patches."""
+        step = pos.axis_scale.to(compute_dtype(pos.coords))
+        patches = pos.coords.to(step.dtype) + step
+        first, last = patches.amin(0), patches.amax(0)
+        prefix = (first - step).expand(pos.num_prefix_tokens, -1)
+        return torch.cat([prefix, patches]) - (first + last) / 2
 
     def prepare(self, pos: TokenPositions) -> torch.Tensor:
         return self.cached(pos.cache_key(), lambda: self.token_positions(pos))

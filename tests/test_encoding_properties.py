@@ -1,0 +1,307 @@
+"""Mathematical properties of every encoding, in float64 on random inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from helpers import (
+    DIM, HEAD_DIM, HEADS, attention, free_positions, logits, make_encoding, random_coords, random_qkx, rotation_2d,
+)
+from pape_hub.encodings import TokenPositions, grid_positions, list_encodings
+from pape_hub.encodings.alibi import alibi_slopes, assign_head_views
+from pape_hub.encodings.liere import LieRE
+
+N = 12  # patch tokens in the free-form tests
+
+# (encoding, kwargs) whose attention depends on relative position only
+RELATIVE = [
+    ("rope", {}), ("rope_mixed", {}), ("alibi", {}), ("lookhere", {}), ("pape", {"num_parabolas": 7}),
+    ("pape_ri", {}), ("liere", {"block_size": 2}),
+]
+
+
+@pytest.mark.parametrize("num_prefix", [0, 1])
+@pytest.mark.parametrize(("name", "kwargs"), RELATIVE, ids=[n for n, _ in RELATIVE])
+def test_translation_invariance(name, kwargs, num_prefix):
+    """Shift every position: patch-to-patch logits are unchanged. With a CLS token, the whole attention is
+    unchanged where CLS has no position (bias methods) or moves with the grid (PaPE); rotary methods leave CLS
+    unrotated, which ties its logits to absolute positions, exactly as in their reference code."""
+    enc = make_encoding(name, num_prefix=num_prefix, **kwargs)
+    coords = random_coords(N)
+    q, k, x = random_qkx(num_prefix + N)
+    shift = torch.tensor([3.7, -11.2], dtype=torch.float64)
+    cls_free = name in ("alibi", "lookhere", "pape", "pape_ri")
+    for layer in range(enc.ctx.depth):
+        before = logits(enc, free_positions(coords, num_prefix), q, k, x, layer)
+        after = logits(enc, free_positions(coords + shift, num_prefix), q, k, x, layer)
+        p = num_prefix
+        torch.testing.assert_close(after[..., p:, p:], before[..., p:, p:], rtol=1e-9, atol=1e-10)
+        if num_prefix == 0 or cls_free:
+            torch.testing.assert_close(after.softmax(-1), before.softmax(-1), rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("name", ["pape_ri", "alibi"])
+def test_rotation_invariance(name):
+    enc = make_encoding(name, num_prefix=0)
+    coords = random_coords(N)
+    q, k, x = random_qkx(N)
+    rotated = coords @ rotation_2d(1.234).T + torch.tensor([2.0, -1.0], dtype=torch.float64)
+    before = attention(enc, free_positions(coords, 0), q, k, x)
+    after = attention(enc, free_positions(rotated, 0), q, k, x)
+    torch.testing.assert_close(after, before, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("name", ["pape", "lookhere", "rope"])
+def test_directional_encodings_are_not_rotation_invariant(name):
+    enc = make_encoding(name, num_prefix=0)
+    coords = random_coords(N)
+    q, k, x = random_qkx(N)
+    before = attention(enc, free_positions(coords, 0), q, k, x)
+    after = attention(enc, free_positions(coords @ rotation_2d(1.234).T, 0), q, k, x)
+    assert (after - before).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name", ["rope", "rope_mixed"])
+def test_rope_scores_depend_on_offset_only(name):
+    """The same q and k vectors at (a, b) and at (a + t, b + t) give the same score, for every head/layer."""
+    enc = make_encoding(name, num_prefix=0)
+    q, k, x = random_qkx(1)
+    a, b = torch.tensor([[1.5, -2.0]], dtype=torch.float64), torch.tensor([[4.0, 0.5]], dtype=torch.float64)
+    t = torch.tensor([[-7.3, 2.9]], dtype=torch.float64)
+    for layer in range(enc.ctx.depth):
+        def score(pq, pk):
+            coords = torch.cat([pq, pk])
+            qq, kk = torch.cat([q, q], 2), torch.cat([k, k], 2)
+            qr, kr = enc.transform_qk(layer, qq, kk, torch.cat([x, x], 1), enc.prepare(free_positions(coords, 0)))
+            return (qr[:, :, 0] * kr[:, :, 1]).sum(-1)
+
+        torch.testing.assert_close(score(a + t, b + t), score(a, b), rtol=1e-10, atol=1e-10)
+        assert (score(a, b) - score(a, b + t)).abs().max() > 1e-6
+
+
+def test_polar_rope_scores_depend_on_polar_offsets_only():
+    enc = make_encoding("polar_rope", num_prefix=0)
+    q, k, x = random_qkx(1)
+    corners = torch.tensor([[-9.0, -9.0], [9.0, -9.0], [-9.0, 9.0], [9.0, 9.0]], dtype=torch.float64)  # centre 0
+
+    def at(r, theta):
+        return torch.tensor([[r * math.cos(theta), r * math.sin(theta)]], dtype=torch.float64)
+
+    def score(pq, pk):
+        coords = torch.cat([pq, pk, corners])
+        qq, kk = q.expand(-1, -1, 6, -1), k.expand(-1, -1, 6, -1)
+        qr, kr = enc.transform_qk(0, qq, kk, x.expand(-1, 6, -1), enc.prepare(free_positions(coords, 0)))
+        return (qr[:, :, 0] * kr[:, :, 1]).sum(-1)
+
+    same_offsets = score(at(1.0, 0.3), at(2.0, 1.0)), score(at(2.5, -0.5), at(3.5, 0.2))  # dr = 1, dtheta = 0.7
+    torch.testing.assert_close(*same_offsets, rtol=1e-10, atol=1e-10)
+    assert (score(at(1.0, 0.3), at(2.0, 1.0)) - score(at(1.0, 0.3), at(2.0, 1.5))).abs().max() > 1e-6
+
+
+def test_polar_rope_layout():
+    """First half of each head rotated by r, second half by theta, about the grid centre."""
+    enc = make_encoding("polar_rope", grid=(3, 3), num_prefix=0)
+    pos = grid_positions((3, 3), 0, dtype=torch.float64)
+    cos, sin = enc.prepare(pos)
+    phases = torch.atan2(sin, cos)[0, 0]  # (N, hd/2)
+    centre = 4  # the middle of a 3x3 grid: r = 0 and theta = atan2(0, 0) = 0
+    assert torch.allclose(phases[centre], torch.zeros_like(phases[centre]))
+    right = 5  # (x=2, y=1): r = 1, theta = 0 -> only the radial half turns, its first pair by exactly 1 rad
+    assert phases[right, 0].item() == pytest.approx(1.0)
+    assert torch.allclose(phases[right, HEAD_DIM // 4:], torch.zeros(HEAD_DIM // 4, dtype=torch.float64))
+    below = 7  # (x=1, y=2): theta = +pi/2 (y grows downwards)
+    assert phases[below, HEAD_DIM // 4].item() == pytest.approx(math.pi / 2)
+
+
+@pytest.mark.parametrize("num_prefix", [0, 1])
+@pytest.mark.parametrize("interpolate", [False, True])
+@pytest.mark.parametrize("name", ["pape", "pape_ri"])
+def test_fused_pape_equals_pairwise_eq9(name, num_prefix, interpolate):
+    """softmax of the augmented q.k equals softmax of the paper's eq. 9 (query-only terms cancel)."""
+    enc = make_encoding(name, grid=(4, 5), num_prefix=num_prefix)
+    pos = grid_positions((6, 7), num_prefix, train_grid_size=(4, 5), interpolate=interpolate, dtype=torch.float64)
+    q, k, x = random_qkx(num_prefix + pos.num_patches)
+    for layer in range(enc.ctx.depth):
+        fused = attention(enc, pos, q, k, x, layer)
+        pairwise = (enc.pairwise_scores(layer, q, k, x, pos) * HEAD_DIM**-0.5).softmax(-1)
+        torch.testing.assert_close(fused, pairwise, rtol=1e-9, atol=1e-12)
+
+
+def test_pape_fused_width_does_not_depend_on_m():
+    for m, p, extra in [(50, 2, 5), (8, 2, 5), (50, 3, 9)]:
+        grid = (3, 4) if p == 2 else (2, 3, 4)
+        enc = make_encoding("pape", grid=grid, num_prefix=1, num_parabolas=m)
+        pos = grid_positions(grid, 1, dtype=torch.float64)
+        q, k, x = random_qkx(1 + pos.num_patches)
+        q2, k2 = enc.transform_qk(0, q, k, x, enc.prepare(pos))
+        assert q2.shape[-1] == k2.shape[-1] == HEAD_DIM + extra
+
+
+def test_pape_curvature_is_concave():
+    enc = make_encoding("pape", num_prefix=0)
+    pos = grid_positions((4, 5), 0, dtype=torch.float64)
+    q, k, x = random_qkx(pos.num_patches)
+    quad, _ = enc.coefficients(0, x, enc.prepare(pos))
+    assert (torch.linalg.eigvalsh(quad) <= 1e-12).all()  # W_p^T diag(a) W_p with a < 0 is negative semi-definite
+
+
+def test_pape_cls_sits_one_step_before_the_first_patch():
+    enc = make_encoding("pape", grid=(3, 3), num_prefix=1)
+    r = enc.token_positions(grid_positions((3, 3), 1, dtype=torch.float64))
+    # reference: patches at 1..3, CLS at 0; after centring on the patch centre (2, 2)
+    torch.testing.assert_close(r[0], torch.tensor([-2.0, -2.0], dtype=torch.float64))
+    torch.testing.assert_close(r[1], torch.tensor([-1.0, -1.0], dtype=torch.float64))
+
+
+def test_liere_rotations_are_orthogonal_per_layer():
+    for block in (None, 8, 2):
+        enc = make_encoding("liere", block_size=block)
+        rot = enc.rotations(random_coords(N))  # (L, H, N, G, b, b)
+        eye = torch.eye(rot.shape[-1], dtype=torch.float64)
+        torch.testing.assert_close(rot.transpose(-1, -2) @ rot, eye.expand_as(rot), rtol=0, atol=1e-10)
+        torch.testing.assert_close(torch.linalg.det(rot), torch.ones(rot.shape[:-2], dtype=torch.float64))
+        assert (rot[0] - rot[1]).abs().max() > 1e-3, "each layer must use its own generators"
+
+
+def test_liere_block2_is_relative_and_dense_is_not():
+    coords = random_coords(2)
+    pi, pj = coords[:1], coords[1:]
+    for block, relative in [(2, True), (None, False)]:
+        enc = make_encoding("liere", block_size=block)
+        r_i, r_j, r_diff = (enc.rotations(c) for c in (pi, pj, pj - pi))
+        composed = r_i.transpose(-1, -2) @ r_j  # R(p_i)^T R(p_j)
+        error = (composed - r_diff).abs().max().item()
+        assert (error < 1e-10) if relative else (error > 1e-3)
+
+
+def test_liere_scales_positions_to_unit_training_grid():
+    enc = make_encoding("liere", grid=(5, 9))
+    torch.testing.assert_close(enc.position_scale, torch.tensor([1 / 8, 1 / 4], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", ["rope", "rope_mixed", "polar_rope", "liere8", "liere", "pape", "pape_ri"])
+def test_qk_methods_leave_cls_unrotated_or_documented(name):
+    enc = make_encoding(name, num_prefix=1)
+    pos = grid_positions((4, 5), 1, dtype=torch.float64)
+    q, k, x = random_qkx(1 + pos.num_patches)
+    q2, k2 = enc.transform_qk(0, q, k, x, enc.prepare(pos))
+    torch.testing.assert_close(q2[:, :, 0, :HEAD_DIM], q[:, :, 0])  # CLS content channels untouched
+    torch.testing.assert_close(k2[:, :, 0, :HEAD_DIM], k[:, :, 0])
+    if name not in ("pape", "pape_ri"):  # PaPE moves patches only through the extra channels too
+        assert (q2[:, :, 1:] - q[:, :, 1:]).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("name", ["alibi", "lookhere", "sape2"])
+def test_bias_methods_give_cls_a_zero_row_and_column(name):
+    enc = make_encoding(name, num_prefix=1)
+    pos = grid_positions((4, 5), 1, dtype=torch.float64)
+    q, k, x = random_qkx(1 + pos.num_patches)
+    state = enc.prepare(pos)
+    bias = enc.attn_bias(1, q, k, state)
+    assert torch.all(bias[..., 0, :] == 0) and torch.all(bias[..., :, 0] == 0)
+    assert bias[..., 1:, 1:].abs().max() > 0
+
+
+def test_alibi_slopes_match_the_alibi_paper():
+    torch.testing.assert_close(alibi_slopes(16), torch.tensor([2 ** (-0.5 * (i + 1)) for i in range(16)]))
+    torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
+    # 12 heads: the 8 slopes of 8 heads, then every other slope of 16 heads (2^-0.5, 2^-1.5, ...)
+    torch.testing.assert_close(alibi_slopes(12)[8:], torch.tensor([2 ** -0.5, 2 ** -1.5, 2 ** -2.5, 2 ** -3.5]))
+
+
+def test_alibi_bias_is_minus_slope_times_distance():
+    enc = make_encoding("alibi", num_prefix=0)
+    coords = torch.tensor([[0.0, 0.0], [3.0, 4.0]], dtype=torch.float64)
+    bias = enc.attn_bias(0, None, None, enc.prepare(free_positions(coords, 0)))
+    torch.testing.assert_close(bias[:, 0, 1], -5 * alibi_slopes(HEADS).double())
+
+
+def test_lookhere_views_and_slopes():
+    assert assign_head_views("corners-triangles-none", 12) == [
+        "top_left", "bottom_right", "top_right", "bottom_left", "up", "down", "left", "right",
+        "none", "none", "none", "none",
+    ]
+    assert len(assign_head_views("corners-triangles-none", 3)) == 3
+    with pytest.raises(ValueError, match="unknown LookHere head direction"):
+        assign_head_views("corners-spirals", 12)
+    enc = make_encoding("lookhere", grid=(5, 5), num_prefix=0)  # 2 heads: top_left, up (even split)
+    pos = grid_positions((5, 5), 0, dtype=torch.float64)
+    bias = enc.prepare(pos)
+    centre, right, above, left_up = 12, 13, 7, 6
+    assert torch.isinf(bias[0, centre, right]) and torch.isfinite(bias[0, centre, left_up])  # top-left view
+    assert torch.isfinite(bias[1, centre, above]) and torch.isinf(bias[1, centre, right])  # upward wedge
+    assert torch.all(torch.diagonal(bias, dim1=-2, dim2=-1) == 0), "every head sees its own token"
+    torch.testing.assert_close(enc.layer_slopes, torch.tensor([1.5, 0.5], dtype=torch.float64))
+    # layer slope scales the bias on the fly
+    torch.testing.assert_close(enc.attn_bias(1, None, None, bias), bias * 0.5)
+
+
+def test_sincos_layout_x_first_and_cls_zero():
+    enc = make_encoding("sincos", grid=(3, 4), num_prefix=1)
+    pos = grid_positions((3, 4), 1, dtype=torch.float64)
+    table = enc.prepare_table(pos)  # (1 + 12, D)
+    assert torch.all(table[0] == 0)
+    coords = pos.coords
+    same_x = (coords[:, 0] == 1).nonzero().flatten() + 1
+    first_half, second_half = table[same_x, : DIM // 2], table[same_x, DIM // 2 :]
+    assert torch.allclose(first_half, first_half[0].expand_as(first_half))  # x half constant along a column
+    assert not torch.allclose(second_half, second_half[0].expand_as(second_half))
+    assert table[1, 0].item() == 0.0 and table[1, DIM // 4].item() == 1.0  # x=0: sin 0, cos 0
+
+
+def test_rope_frequencies_follow_rope_vit():
+    axial = make_encoding("rope")
+    expected = 1.0 / 100.0 ** (torch.arange(0, HEAD_DIM, 4)[: HEAD_DIM // 4] / HEAD_DIM)
+    torch.testing.assert_close(axial.freqs, expected.double())
+    mixed = make_encoding("rope_mixed")
+    mag = mixed.freqs.norm(dim=2)  # |(fx, fy)| per pair
+    expected10 = 1.0 / 10.0 ** (torch.arange(0, HEAD_DIM, 4)[: HEAD_DIM // 4] / HEAD_DIM)
+    torch.testing.assert_close(mag, expected10.double().repeat(2).expand_as(mag))
+    assert mixed.no_weight_decay() == {"freqs"}
+    assert not torch.allclose(mixed.freqs[0], mixed.freqs[1]), "random angle per layer"
+
+
+def test_sape2_bias_is_symmetric_content_dependent_and_handles_other_grids():
+    enc = make_encoding("sape2", grid=(4, 4), num_prefix=0)
+    for grid in [(4, 4), (3, 7), (9, 9)]:  # train grid, non-square, larger than npos (positions clamp)
+        pos = grid_positions(grid, 0, dtype=torch.float64)
+        q, k, x = random_qkx(pos.num_patches)
+        bias = enc.attn_bias(0, q, k, enc.prepare(pos))
+        assert bias.shape == (2, HEADS, pos.num_patches, pos.num_patches)
+        torch.testing.assert_close(bias, bias.transpose(-1, -2))
+        torch.testing.assert_close(torch.diagonal(bias, dim1=-2, dim2=-1), torch.zeros(2, HEADS, pos.num_patches,
+                                                                                        dtype=torch.float64))
+        other = enc.attn_bias(0, q, k.flip(2), enc.prepare(pos))
+        assert (other - bias).abs().max() > 1e-6
+
+
+def test_sape2_gradients_are_finite():
+    enc = make_encoding("sape2", grid=(3, 3), num_prefix=1)
+    pos = grid_positions((3, 3), 1, dtype=torch.float64)
+    q, k, x = random_qkx(10)
+    q.requires_grad_(True)
+    enc.attn_bias(0, q, k, enc.prepare(pos)).sum().backward()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(enc.pos_emb.grad).all()
+
+
+def test_position_interpolation_scales_to_training_range():
+    pos = grid_positions((28, 14), 1, train_grid_size=(14, 14), interpolate=True)
+    assert pos.coords[:, 1].max().item() == pytest.approx(27 * 0.5)  # y axis halved
+    assert pos.coords[:, 0].max().item() == pytest.approx(13)
+    assert pos.scale == (1.0, 0.5)
+
+
+def test_every_encoding_is_registered():
+    assert set(list_encodings()) == {
+        "none", "ape", "sincos", "rope", "rope_mixed", "alibi", "lookhere", "pape", "pape_ri", "polar_rope",
+        "sape2", "sape2_ape", "liere8", "liere",
+    }
+
+
+def test_free_form_positions_have_no_cache():
+    assert TokenPositions(random_coords(3), 0).cache_key() is None
+    assert isinstance(make_encoding("liere8"), LieRE)
+    assert logits(make_encoding("none"), free_positions(random_coords(3), 0), *random_qkx(3)).shape == (2, HEADS, 3, 3)
