@@ -6,10 +6,19 @@ import math
 
 import pytest
 import torch
-
 from helpers import (
-    DIM, HEAD_DIM, HEADS, attention, free_positions, logits, make_encoding, random_coords, random_qkx, rotation_2d,
+    DIM,
+    HEAD_DIM,
+    HEADS,
+    attention,
+    free_positions,
+    logits,
+    make_encoding,
+    random_coords,
+    random_qkx,
+    rotation_2d,
 )
+
 from pape_hub.encodings import TokenPositions, grid_positions, list_encodings
 from pape_hub.encodings.alibi import alibi_slopes, assign_head_views
 from pape_hub.encodings.liere import LieRE
@@ -72,7 +81,7 @@ def test_rope_scores_depend_on_offset_only(name):
     a, b = torch.tensor([[1.5, -2.0]], dtype=torch.float64), torch.tensor([[4.0, 0.5]], dtype=torch.float64)
     t = torch.tensor([[-7.3, 2.9]], dtype=torch.float64)
     for layer in range(enc.ctx.depth):
-        def score(pq, pk):
+        def score(pq, pk, layer=layer):
             coords = torch.cat([pq, pk])
             qq, kk = torch.cat([q, q], 2), torch.cat([k, k], 2)
             qr, kr = enc.transform_qk(layer, qq, kk, torch.cat([x, x], 1), enc.prepare(free_positions(coords, 0)))

@@ -9,6 +9,7 @@ CLS attends to, and is attended by, every token without penalty.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -63,7 +64,7 @@ class ALiBi(PositionEncoding):
     def prepare(self, pos: TokenPositions) -> torch.Tensor:
         return self.cached(pos.cache_key(), lambda: pad_prefix_bias(self.bias(pos.coords), pos.num_prefix_tokens))
 
-    def attn_bias(self, layer, q, k, state):
+    def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor:
         return state
 
 
@@ -169,5 +170,5 @@ class LookHere(PositionEncoding):
     def prepare(self, pos: TokenPositions) -> torch.Tensor:
         return self.cached(pos.cache_key(), lambda: pad_prefix_bias(self.base_bias(pos.coords), pos.num_prefix_tokens))
 
-    def attn_bias(self, layer, q, k, state):
+    def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor:
         return state * self.layer_slopes[layer]

@@ -21,8 +21,9 @@ encoding documents what it does with them. With position interpolation the coord
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F

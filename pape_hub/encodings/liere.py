@@ -19,6 +19,7 @@ once per step in training, and cached per grid at inference (invalidated when th
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -51,7 +52,8 @@ class LieRE(PositionEncoding):
             raise ValueError(f"LieRE block_size must be in [2, head_dim={hd}], got {b}")
         self.num_blocks = hd // b
         # (depth, heads, blocks, p, b, b) raw parameters; only the strict upper triangle is used
-        self.generators = nn.Parameter(torch.rand(ctx.depth, ctx.num_heads, self.num_blocks, ctx.ndim, b, b) * init_scale)
+        shape = (ctx.depth, ctx.num_heads, self.num_blocks, ctx.ndim, b, b)
+        self.generators = nn.Parameter(torch.rand(shape) * init_scale)
         grid = torch.tensor(list(reversed(ctx.grid_size)), dtype=torch.float32)  # coordinate axis order
         self.register_buffer("position_scale", 1.0 / (grid - 1).clamp(min=1), persistent=False)
 
@@ -78,7 +80,9 @@ class LieRE(PositionEncoding):
         rotated = torch.cat([rotated, t[:, :, p:, span:]], dim=-1)
         return torch.cat([t[:, :, :p], rotated], dim=2) if p else rotated
 
-    def transform_qk(self, layer, q, k, x, state):
+    def transform_qk(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, state: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         rot = state[layer]
         return self.rotate(q, rot), self.rotate(k, rot)
 

@@ -25,6 +25,7 @@ monomials small for float16/bfloat16 attention. All positional arithmetic is flo
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -79,7 +80,9 @@ class ParabolicEncoding(PositionEncoding):
         """Query coefficients for layer ``layer``: quad (B, H, P+N, p, p), lin (B, H, P+N, p)."""
         raise NotImplementedError
 
-    def transform_qk(self, layer, q, k, x, state):
+    def transform_qk(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, state: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.autocast(x.device.type, enabled=False):
             x = x.to(compute_dtype(x))
             r = state.to(x.dtype)  # (P+N, p), centred
@@ -113,7 +116,7 @@ class PaPE(ParabolicEncoding):
         nn.init.uniform_(self.curvature_proj, -1 / math.sqrt(d), 1 / math.sqrt(d))
         nn.init.uniform_(self.tilt_proj, -1 / math.sqrt(d), 1 / math.sqrt(d))
 
-    def coefficients(self, layer, x, r):
+    def coefficients(self, layer: int, x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h, m = self.ctx.num_heads, self.num_parabolas
         w_p = self.position_proj[layer].to(x.dtype)  # (H, m, p)
         a = -F.softplus(F.linear(x, self.curvature_proj[layer].to(x.dtype)))  # (B, T, H*m)
@@ -162,7 +165,7 @@ class PaPERI(ParabolicEncoding):
         a = -F.softplus(F.linear(x, self.curvature_proj[layer].to(x.dtype)))  # (B, T, H)
         return a.transpose(1, 2) * self.isotropic_scale[layer].to(x.dtype)[:, None] ** 2
 
-    def coefficients(self, layer, x, r):
+    def coefficients(self, layer: int, x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         alpha = self.curvature(layer, x)  # (B, H, T)
         eye = torch.eye(r.shape[-1], device=x.device, dtype=x.dtype)
         quad = alpha[..., None, None] * eye  # a w^2 I

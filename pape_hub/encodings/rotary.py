@@ -9,6 +9,7 @@ computed in float32 whatever the autocast dtype.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -55,7 +56,9 @@ class RotaryEncoding(PositionEncoding):
 
         return self.cached(pos.cache_key(), build, depends_on_params=self.learned_phases)
 
-    def transform_qk(self, layer, q, k, x, state):
+    def transform_qk(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, state: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = state
         index = layer if cos.shape[0] > 1 else 0
         cos, sin = cos[index], sin[index]  # (H or 1, N, hd/2)

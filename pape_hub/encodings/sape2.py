@@ -19,6 +19,8 @@ The paper has no class token in this path: CLS gets a zero bias row and column a
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from timm.layers import trunc_normal_
 from torch import nn
@@ -81,7 +83,7 @@ class SaPE2(PositionEncoding):
     def prepare(self, pos: TokenPositions) -> tuple[int, ...]:
         return self.require_grid(pos, "sape2")
 
-    def attn_bias(self, layer, q, k, state):
+    def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor:
         rows, cols = state
         p, scale = self.ctx.num_prefix_tokens, self.ctx.head_dim**-0.5
         emb = self.pos_emb[layer].to(q.dtype)

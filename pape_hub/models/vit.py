@@ -83,10 +83,12 @@ class VisionTransformer(nn.Module):
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         ctx = EncodingContext(embed_dim, num_heads, depth, tuple(self.patch_embed.grid_size), self.num_prefix_tokens)
-        self.pos_encoding: PositionEncoding = create_encoding(position_encoding, ctx, **(position_encoding_kwargs or {}))
+        self.pos_encoding: PositionEncoding = create_encoding(
+            position_encoding, ctx, **(position_encoding_kwargs or {})
+        )
         self.pos_drop = nn.Dropout(pos_drop_rate)
 
-        dpr = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth decay rule
+        dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # stochastic depth decay rule
         self.blocks = nn.ModuleList(
             PositionalBlock(
                 embed_dim, num_heads, layer_idx=i, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_norm=qk_norm,
@@ -95,9 +97,8 @@ class VisionTransformer(nn.Module):
             )
             for i in range(depth)
         )
-        self.feature_info = [
-            dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=self.patch_embed.patch_size[0]) for i in range(depth)
-        ]
+        reduction = self.patch_embed.patch_size[0]
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=reduction) for i in range(depth)]
         use_fc_norm = global_pool in ("avg", "max", "avgmax") if fc_norm is None else fc_norm
         self.norm = norm_layer(embed_dim) if not use_fc_norm else nn.Identity()
         self.fc_norm = norm_layer(embed_dim) if use_fc_norm else nn.Identity()
