@@ -1,0 +1,27 @@
+# The README's two commands: `make main` (set-up + main job) and `make test` (set-up + tests).
+# Set-up creates .venv and installs the pinned dependencies (torch installs from the local disk here).
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: setup main test lint zoo
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+main: $(STAMP)
+	$(VENV)/bin/pape-hub zoo
+
+zoo: main
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .

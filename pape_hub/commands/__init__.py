@@ -1,0 +1,1 @@
+"""Command implementations shared by ``pape-hub <command>`` and ``scripts/<command>.py``."""
