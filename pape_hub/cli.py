@@ -8,6 +8,7 @@ import sys
 
 COMMANDS = {
     "zoo": "build registered models and run them at two resolutions",
+    "bench": "speed of every encoding against timm's own ViTs",
 }
 
 

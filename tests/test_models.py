@@ -195,6 +195,15 @@ def test_inference_caches_and_training_does_not():
     assert next(iter(model.pos_encoding._cache.values())) is not cached
 
 
+@pytest.mark.parametrize("encoding", ["pape", "alibi", "liere8", "sincos"])
+def test_training_after_inference_mode_evaluation(encoding):
+    """Caches filled under inference_mode must not leak inference tensors into a later training step."""
+    model = tiny(f"vit_t4_{encoding}")
+    with torch.inference_mode():
+        model.eval()(batch(model))
+    model.train()(batch(model)).sum().backward()
+
+
 class TestBadInput:
     def test_unknown_encoding_lists_valid_ones(self):
         with pytest.raises(ValueError, match="unknown position encoding 'pope'.*pape_ri"):

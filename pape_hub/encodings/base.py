@@ -179,8 +179,10 @@ class PositionEncoding(nn.Module):
     def cached(self, key: Any, build: Callable[[], Any], depends_on_params: bool = False) -> Any:
         """Build once per key. Learned state is cached only where no gradient can flow into it, and its key
         carries the parameters' version counters so an optimizer step or a weight load invalidates it."""
-        if key is None:
+        if key is None or torch.compiler.is_compiling():  # compiled graphs fold the build in; no Python cache
             return build()
+        # tensors made under inference_mode cannot enter autograd later: keep the two kinds apart
+        key = (key, torch.is_inference_mode_enabled())
         if depends_on_params:
             if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
                 return build()

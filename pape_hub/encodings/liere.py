@@ -63,7 +63,8 @@ class LieRE(PositionEncoding):
         pos = coords.to(work) * self.position_scale.to(work)
         skew = skew_symmetric(self.generators.to(work))  # (L, H, G, p, b, b)
         log_rot = torch.einsum("np,lhgpij->lhngij", pos, skew)
-        return torch.linalg.matrix_exp(log_rot.contiguous())
+        b = self.block_size
+        return torch.linalg.matrix_exp(log_rot.reshape(-1, b, b)).reshape(log_rot.shape)  # flat batch for compile
 
     def prepare(self, pos: TokenPositions) -> torch.Tensor:
         def build() -> torch.Tensor:

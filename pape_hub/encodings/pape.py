@@ -38,8 +38,9 @@ __all__ = ["PaPE", "PaPERI", "quadratic_key_monomials", "quadratic_query_coeffic
 
 
 def _upper_pairs(p: int) -> tuple[list[int], list[int]]:
-    rows, cols = torch.triu_indices(p, p).tolist()
-    return rows, cols
+    """Row and column indices of the upper triangle (diagonal included) of a p x p matrix."""
+    pairs = [(u, v) for u in range(p) for v in range(u, p)]
+    return [u for u, _ in pairs], [v for _, v in pairs]
 
 
 def quadratic_key_monomials(r: torch.Tensor) -> torch.Tensor:
@@ -162,8 +163,8 @@ class PaPERI(ParabolicEncoding):
 
     def curvature(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """a_i w^2 per head: (B, H, T)."""
-        a = -F.softplus(F.linear(x, self.curvature_proj[layer].to(x.dtype)))  # (B, T, H)
-        return a.transpose(1, 2) * self.isotropic_scale[layer].to(x.dtype)[:, None] ** 2
+        a = -F.softplus(torch.einsum("btd,hd->bht", x, self.curvature_proj[layer].to(x.dtype)))  # (B, H, T)
+        return a * self.isotropic_scale[layer].to(x.dtype)[:, None] ** 2
 
     def coefficients(self, layer: int, x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         alpha = self.curvature(layer, x)  # (B, H, T)

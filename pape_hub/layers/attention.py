@@ -64,7 +64,8 @@ class PositionalAttention(nn.Module):
         q, k = encoding.transform_qk(self.layer_idx, q, k, x, state)  # may widen to (B, H, T, hd + E)
         bias = encoding.attn_bias(self.layer_idx, q, k, state)  # None, (H, T, T) or (B, H, T, T)
         if bias is not None:
-            bias = bias.to(q.dtype)
+            # 4-D: a 3-D float mask sends CPU SDPA to the math kernel, a 4-D one to the flash kernel
+            bias = bias.to(q.dtype) if bias.ndim == 4 else bias.to(q.dtype).unsqueeze(0)
 
         if self.fused_attn and not output_attentions:
             width = q.shape[-1]

@@ -1,0 +1,257 @@
+"""``pape-hub bench``: speed of every encoding against timm's own ViTs, measured in one process.
+
+For each size and resolution the baselines (timm's ``vit_{size}_patch16_224`` with learned APE, and timm's
+``*_rope_224`` / ``*_rope_mixed_224``) and every pape_hub encoding are built once, then timed in interleaved
+rounds (one call of every model per round), and the medians are compared. Inference is
+``torch.inference_mode``; a training step is forward + cross-entropy + backward + AdamW step. It records which
+SDPA kernel each model ran and fails if an encoding that should be fused fell back to the math kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import timm
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ..encodings import list_encodings
+
+TIMM_SIZE = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
+# (target, what it is compared with) per model key, whole-model inference time ratio; see issue "Speed"
+TARGETS: dict[str, tuple[float, str]] = {
+    "pape": (1.20, "timm_ape"), "pape_m8": (1.10, "timm_ape"), "pape_ri": (1.10, "timm_ape"),
+    "rope": (1.05, "timm_rope"), "rope_mixed": (1.05, "timm_rope_mixed"), "polar_rope": (1.05, "timm_rope"),
+    "liere8": (1.15, "timm_ape"), "liere": (1.15, "timm_ape"),
+}
+SDPA_KERNELS = {
+    "_scaled_dot_product_flash_attention": "flash", "_scaled_dot_product_efficient_attention": "mem-efficient",
+    "_scaled_dot_product_cudnn_attention": "cudnn", "_scaled_dot_product_attention_math": "math",
+    "_scaled_dot_product_fused_attention_overrideable": "fused",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", default="b", help="comma-separated sizes from t,s,b,l (default b)")
+    parser.add_argument("--resolutions", default="224", help="comma-separated image sizes (default 224)")
+    parser.add_argument("--encodings", default="all", help="comma-separated encodings, or 'all'")
+    parser.add_argument("--batch-size", type=int, default=8, help="inference batch size")
+    parser.add_argument("--train-batch-size", type=int, default=4, help="training-step batch size (0 = skip)")
+    parser.add_argument("--repeats", type=int, default=7, help="interleaved timing rounds")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile(model) inference")
+    parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (fp32 CPU, bf16 GPU)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--output-dir", default="outputs/bench", help="where the JSON and PNG go")
+
+
+def build_models(size: str, res: int, encodings: list[str], device: torch.device) -> dict[str, torch.nn.Module]:
+    """Baselines first, then ours; each at ``res`` (timm's own models take img_size, ours any size)."""
+    torch.manual_seed(0)
+    name = TIMM_SIZE[size]
+    models: dict[str, torch.nn.Module] = {"timm_ape": timm.create_model(f"vit_{name}_patch16_224", img_size=res)}
+    for variant in ("rope", "rope_mixed"):
+        timm_name = f"vit_{name}_patch16_{variant}_224"
+        if timm_name in timm.list_models():
+            models[f"timm_{variant}"] = timm.create_model(timm_name, img_size=res)
+    for enc in encodings:
+        models[enc] = timm.create_model(f"vit_{size}16_{enc}")
+        if enc == "pape":
+            models["pape_m8"] = timm.create_model(f"vit_{size}16_pape", position_encoding_kwargs={"num_parabolas": 8})
+    return {k: m.to(device) for k, m in models.items()}
+
+
+def sdpa_kernels(model: torch.nn.Module, x: torch.Tensor) -> list[str]:
+    """Names of the SDPA kernels one forward of ``model`` dispatches to."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if x.is_cuda else [])
+    with torch.inference_mode(), profile(activities=activities) as prof:
+        model(x)
+    seen = {k for evt in prof.key_averages() for op, k in SDPA_KERNELS.items() if evt.key.startswith(f"aten::{op}")}
+    return sorted(seen)
+
+
+def cached_bytes(model: torch.nn.Module) -> int:
+    enc = getattr(model, "pos_encoding", None)
+    if enc is None:
+        return 0
+    total = 0
+    for value in enc._cache.values():
+        for t in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int, sync: Callable[[], None]
+                ) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for round_ in range(warmup + repeats):
+        for key, fn in fns.items():
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            if round_ >= warmup:
+                times[key].append(time.perf_counter() - start)
+    return times
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "float32": torch.float32,
+             "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    amp = dtype != torch.float32
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    encodings = list_encodings() if args.encodings == "all" else args.encodings.split(",")
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
+        f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+    report: dict[str, Any] = dict(device=device_name, dtype=str(dtype), commit=git_commit(), torch=torch.__version__,
+                                  timm=timm.__version__, batch_size=args.batch_size, repeats=args.repeats, runs=[])
+    failures = []
+    print(f"device: {device_name}, dtype {dtype}, batch {args.batch_size}, {args.repeats} interleaved rounds",
+          flush=True)
+
+    for size in args.sizes.split(","):
+        for res in (int(r) for r in args.resolutions.split(",")):
+            models = build_models(size, res, encodings, device)
+            x = torch.randn(args.batch_size, 3, res, res, device=device)
+            autocast = torch.autocast(device.type, dtype=dtype, enabled=amp)
+            for m in models.values():
+                m.eval()
+            with autocast:
+                kernels = {k: sdpa_kernels(m, x) for k, m in models.items()}
+            for key, m in models.items():
+                enc = getattr(m, "pos_encoding", None)
+                if enc is not None and enc.fused and "math" in kernels[key]:
+                    failures.append(f"{key} @ {size}/{res}: fused encoding fell back to the math SDPA kernel")
+
+            def infer(m: torch.nn.Module) -> Callable[[], Any]:
+                def step() -> Any:
+                    with torch.inference_mode(), autocast:
+                        return m(x)
+                return step
+
+            times = interleaved({k: infer(m) for k, m in models.items()}, args.repeats, args.warmup, sync)
+            rows: dict[str, dict[str, Any]] = {}
+            for key, m in models.items():
+                med = statistics.median(times[key])
+                rows[key] = dict(infer_ms=med * 1e3, infer_img_s=args.batch_size / med, kernels=kernels[key],
+                                 cache_mb=cached_bytes(m) / 2**20)
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                    infer(m)()
+                    rows[key]["infer_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+
+            if args.compile:
+                compiled = {k: torch.compile(m) for k, m in models.items()}
+                for key, cm in compiled.items():  # compile outside the timed rounds
+                    infer(cm)()
+                ctimes = interleaved({k: infer(cm) for k, cm in compiled.items()}, args.repeats, 1, sync)
+                for key in models:
+                    rows[key]["compiled_ms"] = statistics.median(ctimes[key]) * 1e3
+                    rows[key]["compile_speedup"] = rows[key]["infer_ms"] / rows[key]["compiled_ms"]
+                del compiled
+
+            if args.train_batch_size:
+                xt = torch.randn(args.train_batch_size, 3, res, res, device=device)
+                yt = torch.randint(0, 1000, (args.train_batch_size,), device=device)
+                optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-5) for k, m in models.items()}
+
+                def train(key: str) -> Callable[[], Any]:
+                    m, opt = models[key], optimizers[key]
+
+                    def step() -> Any:
+                        with autocast:
+                            loss = torch.nn.functional.cross_entropy(m(xt).float(), yt)
+                        loss.backward()
+                        opt.step()
+                        opt.zero_grad(set_to_none=True)
+                    return step
+
+                for m in models.values():
+                    m.train()
+                ttimes = interleaved({k: train(k) for k in models}, max(3, args.repeats // 2), 1, sync)
+                for key in models:
+                    med = statistics.median(ttimes[key])
+                    rows[key].update(train_ms=med * 1e3, train_img_s=args.train_batch_size / med)
+                del optimizers
+
+            base = rows["timm_ape"]
+            for key, row in rows.items():
+                row["infer_ratio"] = row["infer_ms"] / base["infer_ms"]
+                if "train_ms" in row:
+                    row["train_ratio"] = row["train_ms"] / base["train_ms"]
+                if key in TARGETS and TARGETS[key][1] in rows:
+                    target, ref = TARGETS[key]
+                    row["target"] = dict(max_ratio=target, vs=ref, ratio=row["infer_ms"] / rows[ref]["infer_ms"])
+                    row["target"]["met"] = row["target"]["ratio"] <= target
+            report["runs"].append(dict(size=size, resolution=res, rows=rows))
+            print_table(size, res, rows)
+            del models
+            gc.collect()
+
+    (out_dir / "bench.json").write_text(json.dumps(report, indent=2))
+    plot(report, out_dir / "bench.png")
+    print(f"\nwrote {out_dir / 'bench.json'} and {out_dir / 'bench.png'}")
+    for failure in failures:
+        print("FAIL:", failure)
+    return 1 if failures else 0
+
+
+def print_table(size: str, res: int, rows: dict[str, dict[str, Any]]) -> None:
+    print(f"\nViT-{size.upper()}/16 @ {res}px")
+    header = (f"{'model':<16} {'infer ms':>9} {'img/s':>7} {'x APE':>6} {'train img/s':>11} {'x APE':>6} "
+              f"{'compiled x':>10} {'cache MB':>8}  {'kernel':<14} target")
+    print(header + "\n" + "-" * len(header))
+    for key, r in rows.items():
+        target = r.get("target")
+        tgt = (f"{target['ratio']:.3f} vs {target['vs']} <= {target['max_ratio']:.2f} "
+               f"{'met' if target['met'] else 'MISSED'}") if target else ""
+        print(f"{key:<16} {r['infer_ms']:>9.1f} {r['infer_img_s']:>7.1f} {r['infer_ratio']:>6.3f} "
+              f"{r.get('train_img_s', float('nan')):>11.2f} {r.get('train_ratio', float('nan')):>6.3f} "
+              f"{r.get('compile_speedup', float('nan')):>10.2f} {r['cache_mb']:>8.1f}  "
+              f"{','.join(r['kernels']):<14} {tgt}", flush=True)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.2 * len(runs)), squeeze=False)
+    for ax, run_ in zip(axes[:, 0], runs):
+        keys = list(run_["rows"])
+        ratios = [run_["rows"][k]["infer_ratio"] for k in keys]
+        colors = ["tab:gray" if k.startswith("timm_") else "tab:blue" for k in keys]
+        ax.bar(keys, ratios, color=colors)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_ylabel("inference time / timm APE")
+        ax.set_title(f"ViT-{run_['size'].upper()}/16 @ {run_['resolution']}px - {report['device']}, {report['dtype']}")
+        ax.tick_params(axis="x", rotation=60)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

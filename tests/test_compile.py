@@ -1,0 +1,39 @@
+"""torch.compile works for every encoding as one graph (no graph breaks), forward and backward."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import pape_hub
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()  # every encoding compiles the same code objects; do not share guards across tests
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("encoding", pape_hub.list_encodings())
+def test_compile_full_graph(encoding):
+    torch.manual_seed(0)
+    model = timm.create_model(f"vit_t4_{encoding}", embed_dim=32, depth=2, num_heads=2)
+    x = torch.randn(2, 3, 16, 16)
+    compiled = torch.compile(model, fullgraph=True, backend="eager")  # graph capture: no breaks anywhere
+    out = compiled(x)
+    torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("encoding", ["pape_ri", "liere8", "alibi"])
+def test_inductor_forward_and_backward(encoding):
+    """The default backend end to end (slow to compile on CPU, so a few encodings of each mechanism)."""
+    torch.manual_seed(0)
+    model = timm.create_model(f"vit_t4_{encoding}", embed_dim=32, depth=2, num_heads=2)
+    x = torch.randn(2, 3, 16, 16)
+    out = torch.compile(model)(x)
+    torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    out.sum().backward()
