@@ -7,8 +7,11 @@ import importlib
 import sys
 
 COMMANDS = {
+    "arrows": "the main job: train encodings on the arrow task and compare them on larger grids",
     "zoo": "build registered models and run them at two resolutions",
     "bench": "speed of every encoding against timm's own ViTs",
+    "train": "train a model (accelerate) on the arrow task or an image dataset",
+    "eval": "evaluate a checkpoint across sizes, with and without position interpolation",
 }
 
 

@@ -1,0 +1,52 @@
+"""``pape-hub eval``: score a checkpoint across arrow-grid sizes or image resolutions, with and without
+position interpolation, plus the patch-shuffle test; writes a results JSON and a PNG plot.
+
+Examples:
+    pape-hub eval outputs/main/pape/best --dataset arrows --sizes 4,6,8 --output results.json
+    pape-hub eval runs/vit_b16_pape/best --dataset imagefolder:/data/imagenet --resolutions 224,320,384,448
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..evaluation import evaluate_checkpoint, plot_sweeps, write_json
+
+
+def ints(text: str | None) -> list[int] | None:
+    return [int(t) for t in text.split(",")] if text else None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="a checkpoint folder (config.json + model.safetensors)")
+    parser.add_argument("--dataset", default="arrows", help="arrows | imagefolder:PATH | hf:NAME | cifar:PATH")
+    parser.add_argument("--sizes", default=None, help="arrow task: comma-separated grid sizes, e.g. 4,6,8")
+    parser.add_argument("--resolutions", default=None, help="images: comma-separated sizes, e.g. 224,384")
+    parser.add_argument("--interpolation", choices=["both", "on", "off"], default="both")
+    parser.add_argument("--split", choices=["test", "val"], default="test")
+    parser.add_argument("--eval-size", type=int, default=2000, help="arrow task: samples per grid size")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--no-patch-shuffle", action="store_true")
+    parser.add_argument("--output", default=None, help="results JSON (default CHECKPOINT/../eval.json)")
+    parser.add_argument("--threads", type=int, default=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = evaluate_checkpoint(args.checkpoint, args.dataset, sizes=ints(args.sizes),
+                                 resolutions=ints(args.resolutions), interpolation=args.interpolation,
+                                 split=args.split, batch_size=args.batch_size, eval_size=args.eval_size,
+                                 patch_shuffle=not args.no_patch_shuffle)
+    output = Path(args.output) if args.output else Path(args.checkpoint).parent / "eval.json"
+    write_json(result, output)
+    plot_sweeps([result], output.with_suffix(".png"), title=f"{result['architecture']} ({result['encoding']})")
+    print(f"{'size':>6} {'interp':>6} {'shuffle':>7} {'top-1':>7} {'top-5':>7}")
+    for row in result["rows"]:
+        print(f"{row['size']:>6} {str(row['interpolation']):>6} {str(row.get('patch_shuffle', False)):>7} "
+              f"{row['top1']:>7.4f} {row['top5']:>7.4f}")
+    print(f"wrote {output} and {output.with_suffix('.png')}")
+    return 0

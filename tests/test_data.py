@@ -1,0 +1,131 @@
+"""The arrow generator and the real-dataset loaders, on small data the tests make in the real formats."""
+
+from __future__ import annotations
+
+import pickle
+from collections import Counter
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pape_hub.data import ArrowConfig, ArrowDataset, build_data, paper_setting, stratified_split
+from pape_hub.data.arrows import _STEP, render_glyphs
+
+
+def test_arrow_generator_is_deterministic():
+    a, b = ArrowDataset(10, seed=3), ArrowDataset(10, seed=3)
+    for i in range(10):
+        assert np.array_equal(a.sample(i)[0], b.sample(i)[0])
+    assert not np.array_equal(ArrowDataset(10, seed=4).sample(0)[0], a.sample(0)[0])
+
+
+@pytest.mark.parametrize("config", [ArrowConfig(), ArrowConfig(grid=6, num_letters=3, hard_negatives=2, num_arrows=8),
+                                    paper_setting()])
+def test_arrow_labels_follow_the_rule(config):
+    ds = ArrowDataset(200, config, seed=1)
+    glyphs = render_glyphs(config.cell)
+    labels = []
+    for i in range(len(ds)):
+        image, label, layout = ds.sample(i)
+        (y_cell, y_glyph), = [(c, g) for c, g in layout.items() if g.startswith("y")]
+        stem = int(y_glyph[1])
+        target = (y_cell[0] + _STEP[stem][0], y_cell[1] + _STEP[stem][1])
+        assert layout[target] == f"arrow{label}"  # the arrow next to the Y's stem gives the label
+        r, c = target
+        cell = image[r * config.cell:(r + 1) * config.cell, c * config.cell:(c + 1) * config.cell]
+        assert np.array_equal(cell, glyphs[f"arrow{label}"])  # and it is drawn there
+        directions = Counter(g for g in layout.values() if g.startswith("arrow"))
+        assert set(directions.values()) == {config.num_arrows // 4} and len(directions) == 4  # balanced
+        neighbours = [(y_cell[0] + dr, y_cell[1] + dc) for dr, dc in _STEP.values()]
+        hard = [n for n in neighbours if n != target and layout.get(n, "").startswith("arrow")]
+        assert len(hard) >= min(config.hard_negatives, sum(
+            0 <= n[0] < config.grid and 0 <= n[1] < config.grid for n in neighbours) - 1)
+        assert sum(g in "ABCDE" for g in layout.values()) == config.num_letters
+        labels.append(label)
+    assert set(labels) == {0, 1, 2, 3}
+
+
+def test_arrow_glyph_orientations():
+    glyphs = render_glyphs(12)
+    up = glyphs["arrow0"]
+    assert up[:4].sum() > up[-4:].sum()  # the head is at the top
+    assert np.array_equal(glyphs["arrow1"], np.rot90(up, -1))
+    y_up = glyphs["y0"]  # stem pointing up: the arms are at the bottom
+    assert y_up[-4:, :4].sum() > 0 and y_up[:4, :4].sum() == 0
+
+
+def test_arrow_dataset_tensor():
+    x, y = ArrowDataset(2)[0]
+    assert x.shape == (3, 48, 48) and x.min() >= -1 and x.max() <= 1 and y in range(4)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(num_arrows=6), "multiple of 4"), (dict(grid=2, num_arrows=4), "do not fit"),
+    (dict(cell=4), "at least 8"), (dict(hard_negatives=4, num_arrows=8), "hard_negatives"),
+])
+def test_arrow_config_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ArrowConfig(**kwargs)
+
+
+def test_stratified_split_keeps_class_proportions():
+    labels = [0] * 50 + [1] * 30 + [2] * 20
+    train, val = stratified_split(labels, 0.1, seed=0)
+    assert not set(train) & set(val) and len(train) + len(val) == 100
+    assert Counter(labels[i] for i in val) == {0: 5, 1: 3, 2: 2}
+
+
+def make_imagefolder(root, classes=("cat", "dog"), per_class=6, size=20):
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for c in classes:
+            (root / split / c).mkdir(parents=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 255, (size, size, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / c / f"{i}.png")
+    return root
+
+
+def test_imagefolder_loader(tmp_path):
+    make_imagefolder(tmp_path)
+    data = build_data(f"imagefolder:{tmp_path}", img_size=16, val_fraction=0.2)
+    assert data.classes == ["cat", "dog"] and data.is_images
+    assert len(data.train) + len(data.val) == 12 and len(data.test) == 12
+    image, label = data.val[0]
+    assert image.size == (20, 20) and label in (0, 1)  # no transform given: PIL images
+
+
+def test_cifar_pickle_loader(tmp_path):
+    rng = np.random.default_rng(0)
+    for name, n in [("data_batch_1", 20), ("data_batch_2", 20), ("test_batch", 10)]:
+        batch = {b"data": rng.integers(0, 255, (n, 3072), dtype=np.uint8), b"labels": list(rng.integers(0, 10, n))}
+        (tmp_path / name).write_bytes(pickle.dumps(batch))
+    (tmp_path / "batches.meta").write_bytes(pickle.dumps({b"label_names": [f"c{i}".encode() for i in range(10)]}))
+    data = build_data(f"cifar:{tmp_path}", img_size=32, val_fraction=0.2)
+    assert len(data.classes) == 10 and len(data.test) == 10 and len(data.train) + len(data.val) == 40
+    assert data.test[0][0].size == (32, 32)
+
+
+def test_hf_datasets_loader_and_column_errors(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)) for _ in range(12)]
+    features = datasets.Features({"img": datasets.Image(), "fine": datasets.ClassLabel(names=["a", "b", "c"])})
+    ds = datasets.Dataset.from_dict({"img": images, "fine": [i % 3 for i in range(12)]}, features=features)
+    datasets.DatasetDict(train=ds, test=ds.select(range(6))).save_to_disk(str(tmp_path / "hfdata"))
+    data = build_data(f"hf:{tmp_path / 'hfdata'}", img_size=8, image_column="img", label_column="fine")
+    assert data.classes == ["a", "b", "c"] and len(data.test) == 6
+    with pytest.raises(ValueError, match="no column 'label'.*--label-column"):
+        build_data(f"hf:{tmp_path / 'hfdata'}", img_size=8, image_column="img")
+
+
+def test_missing_data_folders_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        build_data(f"imagefolder:{tmp_path / 'nope'}", img_size=16)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        build_data(f"cifar:{tmp_path / 'nope'}", img_size=32)
+    with pytest.raises(ValueError, match="unknown dataset spec"):
+        build_data("mnist", img_size=28)
+    with pytest.raises(ValueError, match="renders 48px images"):
+        build_data("arrows", img_size=32)

@@ -1,0 +1,143 @@
+"""A few steps of real training: checkpoints, exact resume (also after an interruption), evaluation, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_data import make_imagefolder
+
+from pape_hub.checkpoint import load_checkpoint
+from pape_hub.cli import main
+from pape_hub.evaluation import evaluate_checkpoint, shuffle_patches
+from pape_hub.training import TrainConfig, train
+
+TINY_ARROW_MODEL = dict(patch_size=12, embed_dim=32, depth=2, num_heads=2, global_pool="avg", class_token=False)
+
+
+def arrow_config(tmp_path, name="run", **overrides) -> TrainConfig:
+    values = dict(model="vit_t4_pape", model_kwargs=TINY_ARROW_MODEL, dataset="arrows", epochs=2, batch_size=32,
+                  train_size=128, eval_size=64, output_dir=str(tmp_path / name), quiet=True, seed=1,
+                  label_smoothing=0.0, drop_path=0.0)
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def weights(run_dir, which="last"):
+    return load_file(str(run_dir / which / "model.safetensors"))
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_train_writes_checkpoints_and_results(tmp_path):
+    results = train(arrow_config(tmp_path))
+    run = tmp_path / "run"
+    for item in ("best/model.safetensors", "best/config.json", "last/model.safetensors", "state/trainer_state.json",
+                 "metrics.jsonl", "results.json"):
+        assert (run / item).exists(), item
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [0, 1]
+    assert "test" in results and 0 <= results["test"]["top1"] <= 1
+    config = json.loads((run / "best" / "config.json").read_text())
+    assert config["architecture"] == "vit_t4_pape" and config["label_names"] == ["up", "right", "down", "left"]
+    assert config["pape_hub"]["encoding"] == "pape" and config["pape_hub"]["dataset"]["train"]["grid"] == 4
+    model, _ = load_checkpoint(run / "best")
+    assert model.num_classes == 4
+
+
+def test_resume_continues_exactly(tmp_path):
+    train(arrow_config(tmp_path, "straight", epochs=3))
+    train(arrow_config(tmp_path, "split", epochs=3, stop_after_epoch=1))  # the schedule still spans 3 epochs
+    train(arrow_config(tmp_path, "split", epochs=3, resume=str(tmp_path / "split")))
+    assert_same_weights(weights(tmp_path / "straight"), weights(tmp_path / "split"))
+    history = json.loads((tmp_path / "split" / "results.json").read_text())["history"]
+    assert [h["epoch"] for h in history] == [0, 1, 2]
+
+
+def test_interrupted_run_loses_at_most_the_current_epoch(tmp_path, monkeypatch):
+    train(arrow_config(tmp_path, "straight", epochs=2))
+    import pape_hub.training as training
+
+    original = training.evaluate_loader
+    calls = {"n": 0}
+
+    def dying_evaluate(*args, **kwargs):  # dies at the end of epoch 2, before that epoch is saved
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(training, "evaluate_loader", dying_evaluate)
+    with pytest.raises(KeyboardInterrupt):
+        train(arrow_config(tmp_path, "killed", epochs=2))
+    monkeypatch.setattr(training, "evaluate_loader", original)
+    saved = json.loads((tmp_path / "killed" / "state" / "trainer_state.json").read_text())
+    assert saved["epoch"] == 0  # epoch 1 is on disk, intact
+    train(arrow_config(tmp_path, "killed", epochs=2, resume=str(tmp_path / "killed")))
+    assert_same_weights(weights(tmp_path / "straight"), weights(tmp_path / "killed"))
+
+
+def test_resume_of_another_model_is_refused(tmp_path):
+    train(arrow_config(tmp_path, "a", epochs=1))
+    with pytest.raises(ValueError, match="cannot resume.*vit_t4_pape.*vit_t4_rope"):
+        train(arrow_config(tmp_path, "b", model="vit_t4_rope", resume=str(tmp_path / "a")))
+    with pytest.raises(FileNotFoundError, match="cannot resume"):
+        train(arrow_config(tmp_path, "c", resume=str(tmp_path / "missing")))
+
+
+def test_evaluate_sweep_and_patch_shuffle(tmp_path):
+    train(arrow_config(tmp_path, epochs=1))
+    result = evaluate_checkpoint(tmp_path / "run" / "best", "arrows", sizes=[4, 6], eval_size=32)
+    sizes = {(r["size"], r["interpolation"], bool(r.get("patch_shuffle"))) for r in result["rows"]}
+    assert sizes == {(4, False, False), (4, True, False), (4, False, True), (6, False, False), (6, True, False),
+                     (6, False, True)}
+    assert result["encoding"] == "pape" and result["trained_at"] == 4
+
+
+def test_shuffle_patches_permutes_tiles():
+    images = torch.arange(2 * 1 * 4 * 4, dtype=torch.float32).reshape(2, 1, 4, 4)
+    out = shuffle_patches(images, 2, torch.Generator().manual_seed(0))
+    tiles = lambda t: sorted(t.unfold(1, 2, 2).unfold(2, 2, 2).reshape(-1, 4).tolist())  # noqa: E731
+    for a, b in zip(images, out):
+        assert tiles(a[0][None]) == tiles(b[0][None])
+
+
+def test_image_folder_training_with_augmentation(tmp_path):
+    make_imagefolder(tmp_path / "data", size=16)
+    cfg = TrainConfig(model="vit_t4_rope", model_kwargs=dict(embed_dim=32, depth=2, num_heads=2), epochs=1,
+                      dataset=f"imagefolder:{tmp_path / 'data'}", batch_size=4, output_dir=str(tmp_path / "img"),
+                      img_size=16, val_fraction=0.34, quiet=True)
+    results = train(cfg)
+    assert results["test"]["count"] == 12
+
+
+def test_cli_train_and_eval(tmp_path, capsys):
+    assert main(["train", "--model", "vit_t4_rope_mixed", "--model-kwargs", json.dumps(TINY_ARROW_MODEL),
+                 "--epochs", "1", "--train-size", "64", "--eval-size", "32", "--batch-size", "32",
+                 "--output-dir", str(tmp_path / "cli")]) == 0
+    assert main(["eval", str(tmp_path / "cli" / "best"), "--sizes", "4,5", "--eval-size", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "best val top-1" in out
+    assert (tmp_path / "cli" / "eval.json").exists() and (tmp_path / "cli" / "eval.png").exists()
+
+
+def test_bad_training_input(tmp_path):
+    with pytest.raises(ValueError, match="unknown pape_hub model"):
+        train(arrow_config(tmp_path, model="vit_x4_pape"))
+    with pytest.raises(ValueError, match="does not match the arrow images"):
+        train(arrow_config(tmp_path, img_size=32))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        train(arrow_config(tmp_path, dataset=f"imagefolder:{tmp_path / 'none'}"))
+
+
+def test_corrupt_checkpoint_is_named(tmp_path):
+    train(arrow_config(tmp_path, epochs=1))
+    (tmp_path / "run" / "best" / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="corrupt"):
+        load_checkpoint(tmp_path / "run" / "best")
