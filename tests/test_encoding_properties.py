@@ -314,3 +314,17 @@ def test_free_form_positions_have_no_cache():
     assert TokenPositions(random_coords(3), 0).cache_key() is None
     assert isinstance(make_encoding("liere8"), LieRE)
     assert logits(make_encoding("none"), free_positions(random_coords(3), 0), *random_qkx(3)).shape == (2, HEADS, 3, 3)
+
+
+def test_liere_per_layer_training_path_equals_cached_inference_path():
+    enc = make_encoding("liere8", grid=(3, 4), num_prefix=1)
+    pos = grid_positions((3, 4), 1, dtype=torch.float64)
+    q, k, x = random_qkx(1 + pos.num_patches)
+    lazy = enc.prepare(pos)  # gradients flow: rotations are made per layer in transform_qk
+    assert lazy[1] is None
+    with torch.no_grad():
+        cached = enc.prepare(pos)
+    assert cached[1] is not None
+    for layer in range(enc.ctx.depth):
+        for a, b in zip(enc.transform_qk(layer, q, k, x, lazy), enc.transform_qk(layer, q, k, x, cached)):
+            torch.testing.assert_close(a, b.detach(), rtol=1e-12, atol=1e-12)

@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encodings", default="all", help="comma-separated encodings, or 'all'")
     parser.add_argument("--batch-size", type=int, default=8, help="inference batch size")
     parser.add_argument("--train-batch-size", type=int, default=4, help="training-step batch size (0 = skip)")
+    parser.add_argument("--train-skip", default="liere",
+                        help="comma-separated encodings left out of the training-step timing (dense LieRE: about a "
+                             "minute per ViT-B step on 2 CPU cores, matrix_exp of every token's 64x64 rotation)")
     parser.add_argument("--train-group", type=int, default=4, help="models timed together in training (memory)")
     parser.add_argument("--repeats", type=int, default=7, help="interleaved timing rounds")
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
@@ -207,7 +210,8 @@ def measure(size: str, res: int, encodings: list[str], args: argparse.Namespace,
 
         # AdamW state for every model at once does not fit in memory (ViT-B: ~1 GB each), so models are timed in
         # groups, each interleaved with the APE baseline; a ratio is against the baseline of its own group.
-        others = [k for k in models if k != "timm_ape"]
+        skip = set(filter(None, args.train_skip.split(",")))
+        others = [k for k in models if k != "timm_ape" and k not in skip]
         base_times: list[float] = []
         for start in range(0, len(others), args.train_group):
             group = ["timm_ape", *others[start : start + args.train_group]]

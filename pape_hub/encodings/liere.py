@@ -12,8 +12,9 @@ instead). CLS gets the identity rotation (a zero generator in the reference).
 The reference code overwrites its per-layer rotations inside the layer loop, so every block there uses
 layer 0's rotation and the other layers' generators get no gradient. Here each layer uses its own.
 
-Rotations are computed in float32 with one ``matrix_exp`` per forward for all layers, heads and tokens:
-once per step in training, and cached per grid at inference (invalidated when the parameters change).
+Rotations are computed in float32 with ``matrix_exp``: at inference once for all layers, heads and tokens and
+cached per grid (invalidated when the parameters change); in training once per step and layer, inside that
+layer (so with gradient checkpointing they are recomputed there, and only one layer's intermediates live).
 """
 
 from __future__ import annotations
@@ -57,21 +58,30 @@ class LieRE(PositionEncoding):
         grid = torch.tensor(list(reversed(ctx.grid_size)), dtype=torch.float32)  # coordinate axis order
         self.register_buffer("position_scale", 1.0 / (grid - 1).clamp(min=1), persistent=False)
 
-    def rotations(self, coords: torch.Tensor) -> torch.Tensor:
-        """(N, p) patch coordinates -> (depth, heads, N, blocks, b, b) float32 rotations."""
+    def rotations(self, coords: torch.Tensor, layer: int | None = None) -> torch.Tensor:
+        """(N, p) patch coordinates -> (depth, heads, N, blocks, b, b) rotations, or (heads, N, blocks, b, b)
+        for one ``layer``; float32 (float64 for float64 coordinates)."""
         work = compute_dtype(coords)
         pos = coords.to(work) * self.position_scale.to(work)
-        skew = skew_symmetric(self.generators.to(work))  # (L, H, G, p, b, b)
+        raw = self.generators if layer is None else self.generators[layer : layer + 1]
+        skew = skew_symmetric(raw.to(work))  # (L, H, G, p, b, b)
         log_rot = torch.einsum("np,lhgpij->lhngij", pos, skew)
         b = self.block_size
-        return torch.linalg.matrix_exp(log_rot.reshape(-1, b, b)).reshape(log_rot.shape)  # flat batch for compile
+        rot = torch.linalg.matrix_exp(log_rot.reshape(-1, b, b)).reshape(log_rot.shape)  # flat batch for compile
+        return rot if layer is None else rot[0]
 
-    def prepare(self, pos: TokenPositions) -> torch.Tensor:
+    def prepare(self, pos: TokenPositions) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(coordinates, all-layer rotations). While gradients flow into the generators the rotations are left
+        to :meth:`transform_qk`, one layer at a time: the backward of one all-layer ``matrix_exp`` would hold
+        every layer's intermediates at once (over 10 GB for dense LieRE at ViT-B/16)."""
+        if torch.is_grad_enabled() and self.generators.requires_grad:
+            return pos.coords, None
+
         def build() -> torch.Tensor:
             with torch.autocast(pos.coords.device.type, enabled=False):
                 return self.rotations(pos.coords)
 
-        return self.cached(pos.cache_key(), build, depends_on_params=True)
+        return pos.coords, self.cached(pos.cache_key(), build, depends_on_params=True)
 
     def rotate(self, t: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
         """t: (B, H, P+N, hd); rot: (H, N, G, b, b). Rotates the first G*b dims of the patch tokens."""
@@ -84,7 +94,12 @@ class LieRE(PositionEncoding):
     def transform_qk(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, state: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        rot = state[layer]
+        coords, all_layers = state
+        if all_layers is not None:
+            rot = all_layers[layer]
+        else:
+            with torch.autocast(coords.device.type, enabled=False):
+                rot = self.rotations(coords, layer)
         return self.rotate(q, rot), self.rotate(k, rot)
 
     def no_weight_decay(self) -> set[str]:
