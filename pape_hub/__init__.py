@@ -4,10 +4,17 @@
 """
 
 from .encodings import EncodingContext, PositionEncoding, TokenPositions, create_encoding, list_encodings
+from .hf import (  # noqa: E402 - registers the transformers Auto classes
+    PapeViTConfig,
+    PapeViTForImageClassification,
+    PapeViTImageProcessor,
+    PapeViTModel,
+)
 from .models import VisionTransformer, list_pape_models, model_args_for
 
 __version__ = "0.1.0"
 __all__ = [
-    "EncodingContext", "PositionEncoding", "TokenPositions", "VisionTransformer", "create_encoding",
+    "EncodingContext", "PapeViTConfig", "PapeViTForImageClassification", "PapeViTImageProcessor", "PapeViTModel",
+    "PositionEncoding", "TokenPositions", "VisionTransformer", "create_encoding",
     "list_encodings", "list_pape_models", "model_args_for",
 ]

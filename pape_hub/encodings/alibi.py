@@ -54,7 +54,7 @@ class ALiBi(PositionEncoding):
 
     def __init__(self, ctx: EncodingContext) -> None:
         super().__init__(ctx)
-        self.register_buffer("slopes", alibi_slopes(ctx.num_heads), persistent=False)
+        self.register_buffer("slopes", alibi_slopes(ctx.num_heads))
 
     def bias(self, coords: torch.Tensor) -> torch.Tensor:
         """(N, p) -> (heads, N, N) for the patch tokens."""
@@ -155,8 +155,8 @@ class LookHere(PositionEncoding):
             else:
                 slopes.append(2.0 ** -(1 + num_directional // 4))
                 num_directional += 1
-        self.register_buffer("head_slopes", global_slope * torch.tensor(slopes), persistent=False)
-        self.register_buffer("layer_slopes", torch.linspace(*layer_slopes, ctx.depth), persistent=False)
+        self.register_buffer("head_slopes", global_slope * torch.tensor(slopes))
+        self.register_buffer("layer_slopes", torch.linspace(*layer_slopes, ctx.depth))
 
     def base_bias(self, coords: torch.Tensor) -> torch.Tensor:
         """(N, 2) -> (heads, N, N): -global * head slope * distance, -inf outside each head's view."""

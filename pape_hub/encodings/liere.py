@@ -56,7 +56,7 @@ class LieRE(PositionEncoding):
         shape = (ctx.depth, ctx.num_heads, self.num_blocks, ctx.ndim, b, b)
         self.generators = nn.Parameter(torch.rand(shape) * init_scale)
         grid = torch.tensor(list(reversed(ctx.grid_size)), dtype=torch.float32)  # coordinate axis order
-        self.register_buffer("position_scale", 1.0 / (grid - 1).clamp(min=1), persistent=False)
+        self.register_buffer("position_scale", 1.0 / (grid - 1).clamp(min=1))
 
     def rotations(self, coords: torch.Tensor, layer: int | None = None) -> torch.Tensor:
         """(N, p) patch coordinates -> (depth, heads, N, blocks, b, b) rotations, or (heads, N, blocks, b, b)

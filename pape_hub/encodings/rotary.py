@@ -87,7 +87,7 @@ class AxialRoPE(RotaryEncoding):
     def __init__(self, ctx: EncodingContext, theta: float = 100.0) -> None:
         super().__init__(ctx)
         self.theta = theta
-        self.register_buffer("freqs", axial_frequencies(ctx.head_dim, ctx.ndim, theta), persistent=False)
+        self.register_buffer("freqs", axial_frequencies(ctx.head_dim, ctx.ndim, theta))
 
     def phases(self, pos: TokenPositions) -> torch.Tensor:
         ang = (pos.coords[:, :, None] * self.freqs.to(pos.coords.dtype)).flatten(1)  # (N, p * F): x freqs, then y, (t)
@@ -145,7 +145,7 @@ class PolarRoPE(RotaryEncoding):
             raise ValueError(f"polar_rope needs a head dim divisible by 4, got {ctx.head_dim}")
         half = ctx.head_dim // 2
         omega = 1.0 / base ** (torch.arange(0, half, 2, dtype=torch.float32) / half)  # (hd/4,)
-        self.register_buffer("omega", omega, persistent=False)
+        self.register_buffer("omega", omega)
 
     @staticmethod
     def polar(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,8 +17,9 @@ from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 from torch import nn
 
-from ..encodings import EncodingContext, PositionEncoding, TokenPositions, create_encoding, grid_positions
-from ..layers import PositionalBlock
+from ..encodings.base import EncodingContext, PositionEncoding, TokenPositions, grid_positions
+from ..encodings.catalog import create_encoding
+from ..layers.attention import PositionalBlock
 
 __all__ = ["VisionTransformer"]
 
@@ -142,6 +143,15 @@ class VisionTransformer(nn.Module):
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """transformers' name for :attr:`grad_checkpointing` (its ``gradient_checkpointing_enable`` sets it)."""
+        return self.grad_checkpointing
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, enable: bool) -> None:
         self.grad_checkpointing = enable
 
     @torch.jit.ignore

@@ -76,10 +76,15 @@ def _cfg(name: str) -> dict[str, Any]:
 default_cfgs = generate_default_cfgs({name: _cfg(name) for name in _MODELS})
 
 
+def checkpoint_filter_fn(state_dict: dict[str, Any], model: VisionTransformer) -> dict[str, Any]:
+    """Accept both checkpoint layouts: timm's keys, and the transformers face's ``vit.``-prefixed ones."""
+    return {k.removeprefix("vit."): v for k, v in state_dict.items()}
+
+
 def _create(name: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
     out_indices = kwargs.pop("out_indices", 3)
     return build_model_with_cfg(
-        VisionTransformer, name, pretrained,
+        VisionTransformer, name, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
         **{**model_args_for(name), **kwargs},
     )

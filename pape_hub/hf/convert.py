@@ -1,0 +1,69 @@
+"""Lossless conversion between the timm face (``timm.create_model("vit_b16_pape")``) and the transformers face
+(``PapeViTForImageClassification``): same core module, same tensors, the state dict differs by a ``vit.`` prefix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import timm
+
+from ..models.vit import VisionTransformer
+from .configuration_pape_vit import PapeViTConfig
+from .image_processing_pape_vit import PapeViTImageProcessor
+from .modeling_pape_vit import PapeViTForImageClassification, PapeViTModel
+
+__all__ = ["config_from_timm", "image_processor_for", "timm_to_transformers", "transformers_to_timm"]
+
+
+def config_from_timm(model: VisionTransformer, label_names: list[str] | None = None) -> PapeViTConfig:
+    """The transformers configuration of a pape_hub timm model (its recorded constructor arguments)."""
+    args = dict(getattr(model, "_model_args", {}))
+    cfg = getattr(model, "pretrained_cfg", {}) or {}
+    architecture = cfg.get("architecture")
+    if architecture is None:
+        raise ValueError("model was not made by timm.create_model; pass a pape_hub timm model")
+    from ..models.zoo import model_args_for
+
+    full = {**model_args_for(architecture), **args}
+    full["img_size"] = list(model.patch_embed.img_size)
+    labels = label_names or [f"LABEL_{i}" for i in range(model.num_classes)]
+    return PapeViTConfig.from_core_kwargs(
+        full, timm_architecture=architecture, id2label=dict(enumerate(labels)),
+        label2id={name: i for i, name in enumerate(labels)}, image_mean=list(cfg.get("mean", (0.485, 0.456, 0.406))),
+        image_std=list(cfg.get("std", (0.229, 0.224, 0.225))),
+    )
+
+
+def timm_to_transformers(model: VisionTransformer, label_names: list[str] | None = None,
+                         head: bool = True) -> PapeViTForImageClassification | PapeViTModel:
+    """A transformers model holding exactly the timm model's weights."""
+    config = config_from_timm(model, label_names)
+    cls = PapeViTForImageClassification if head and model.num_classes else PapeViTModel
+    hf = cls(config)
+    state = {k: v for k, v in model.state_dict().items() if head or not k.startswith("head.")}
+    missing, unexpected = hf.vit.load_state_dict(state, strict=head)
+    if unexpected:
+        raise ValueError(f"unexpected keys converting to transformers: {unexpected}")
+    return hf.eval() if not model.training else hf
+
+
+def transformers_to_timm(model: PapeViTForImageClassification | PapeViTModel, **overrides: Any) -> VisionTransformer:
+    """The timm model (``timm.create_model(architecture, ...)``) holding the transformers model's weights."""
+    config = model.config
+    if not config.timm_architecture:
+        raise ValueError("config.timm_architecture is not set; it names the registered timm model to build")
+    args = config.core_kwargs(model.vit.num_classes)
+    args.update(overrides)
+    timm_model = timm.create_model(config.timm_architecture, **args)
+    timm_model.load_state_dict(model.vit.state_dict())
+    return timm_model.train(model.training)
+
+
+def image_processor_for(config: PapeViTConfig) -> PapeViTImageProcessor:
+    """Resize to the model's resolution, rescale to [0, 1], normalise with the model's mean and std."""
+    size = config.image_size
+    return PapeViTImageProcessor(size={"height": size, "width": size}, image_mean=list(config.image_mean),
+                                 image_std=list(config.image_std), resample=3)  # 3 = bicubic, as timm
+
+
+

@@ -1,0 +1,165 @@
+"""transformers models of the pape_hub ViT. They wrap the same core module as the timm models
+(:class:`~pape_hub.models.vit.VisionTransformer`, as ``self.vit``), so one checkpoint serves both faces: the
+state dict is the timm model's with a ``vit.`` prefix, which transformers adds or strips as it loads, and
+timm's loader strips (``pape_hub.models.zoo.checkpoint_filter_fn``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
+
+from ..models.vit import VisionTransformer
+from .configuration_pape_vit import PapeViTConfig
+from .remote_code import write_remote_code
+
+__all__ = ["PapeViTForImageClassification", "PapeViTModel", "PapeViTPreTrainedModel"]
+
+AUTO_MAP = {
+    "AutoConfig": "configuration_pape_vit.PapeViTConfig",
+    "AutoModel": "modeling_pape_vit.PapeViTModel",
+    "AutoModelForImageClassification": "modeling_pape_vit.PapeViTForImageClassification",
+    # transformers reads a folder whose config.json has timm's `pretrained_cfg` as a timm checkpoint and looks for
+    # the image processor in config.json, so it is named there too
+    "AutoImageProcessor": "image_processing_pape_vit.PapeViTImageProcessor",
+}
+
+
+class PapeViTPreTrainedModel(PreTrainedModel):
+    config_class = PapeViTConfig
+    base_model_prefix = "vit"
+    main_input_name = "pixel_values"
+    input_modalities = ("image",)
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _no_split_modules = ["PositionalBlock"]
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)  # linear / conv / norm layers
+        if isinstance(module, VisionTransformer) and module.cls_token is not None:
+            nn.init.normal_(module.cls_token, std=1e-6)
+
+    def _core(self, num_classes: int) -> VisionTransformer:
+        return VisionTransformer(**self.config.core_kwargs(num_classes))
+
+    def _run(self, pixel_values: torch.Tensor, output_hidden_states: bool, output_attentions: bool,
+             interpolate_pos_encoding: bool | None) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """(final normed tokens, hidden states: embeddings + every block, attention probabilities)."""
+        vit = self.vit
+        eager = self.config._attn_implementation == "eager"
+        for block in vit.blocks:
+            block.attn.fused_attn = not eager
+        saved = vit.position_interpolation
+        if interpolate_pos_encoding is not None:
+            vit.position_interpolation = interpolate_pos_encoding
+        try:
+            tokens, pos = vit.embed(pixel_values)
+            take = set(range(len(vit.blocks))) if output_hidden_states else None
+            last, hidden, attentions = vit.run_blocks(tokens, pos, take=take, output_attentions=output_attentions)
+        finally:
+            vit.position_interpolation = saved
+        return vit.norm(last), ([tokens, *hidden] if output_hidden_states else []), attentions
+
+    def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
+        """transformers' save, then: ``auto_map`` for every head (not only this class), the code files so the
+        folder loads with ``trust_remote_code=True`` without pape_hub, and timm's fields in ``config.json`` so
+        ``timm.create_model("local-dir:...")`` / ``"hf-hub:..."`` read the same folder."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True) is False:
+            return
+        directory = Path(save_directory)
+        write_remote_code(directory)
+        path = directory / "config.json"
+        config = json.loads(path.read_text())
+        config["auto_map"] = dict(AUTO_MAP)
+        config["image_processor_type"] = "PapeViTImageProcessor"
+        config.update(timm_fields(self.config, self.vit))
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def timm_fields(config: PapeViTConfig, vit: VisionTransformer) -> dict[str, Any]:
+    """What timm's Hub loader reads from config.json: architecture, model_args, pretrained_cfg, labels."""
+    num_classes = vit.num_classes
+    args = config.core_kwargs(num_classes)
+    args["img_size"] = list(vit.patch_embed.img_size)
+    architecture = config.timm_architecture or f"vit_t{config.patch_size}_{config.position_encoding}"
+    size = config.image_size
+    pretrained_cfg = dict(
+        architecture=architecture, input_size=[config.num_channels, size, size], num_classes=num_classes,
+        mean=list(config.image_mean), std=list(config.image_std), interpolation="bicubic", crop_pct=1.0,
+        first_conv="patch_embed.proj", classifier="head", fixed_input_size=False,
+    )
+    fields = dict(architecture=architecture, model_args=args, num_classes=num_classes, pretrained_cfg=pretrained_cfg,
+                  num_features=vit.num_features, global_pool=vit.global_pool)
+    if num_classes and config.id2label and len(config.id2label) == num_classes:
+        fields["label_names"] = [config.id2label[i] for i in range(num_classes)]
+    return fields
+
+
+class PapeViTModel(PapeViTPreTrainedModel):
+    """The backbone: final tokens (``last_hidden_state``) and the pooled, normed summary (``pooler_output``)."""
+
+    def __init__(self, config: PapeViTConfig) -> None:
+        super().__init__(config)
+        self.vit = self._core(num_classes=0)
+        self.post_init()
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        interpolate_pos_encoding: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> BaseModelOutputWithPooling | tuple:
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else \
+            self.config.output_hidden_states
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        last, hidden, attentions = self._run(pixel_values, output_hidden_states, output_attentions,
+                                             interpolate_pos_encoding)
+        pooled = self.vit.forward_head(last, pre_logits=True)
+        out = BaseModelOutputWithPooling(last_hidden_state=last, pooler_output=pooled,
+                                         hidden_states=tuple(hidden) if output_hidden_states else None,
+                                         attentions=tuple(attentions) if output_attentions else None)
+        return out if return_dict else out.to_tuple()
+
+
+class PapeViTForImageClassification(PapeViTPreTrainedModel):
+    """Backbone + linear head (``config.num_labels`` classes); the loss follows ``config.problem_type``."""
+
+    def __init__(self, config: PapeViTConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.vit = self._core(num_classes=config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        interpolate_pos_encoding: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> ImageClassifierOutput | tuple:
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else \
+            self.config.output_hidden_states
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        last, hidden, attentions = self._run(pixel_values, output_hidden_states, output_attentions,
+                                             interpolate_pos_encoding)
+        logits = self.vit.forward_head(last)
+        loss = self.loss_function(labels, logits, self.config) if labels is not None else None
+        out = ImageClassifierOutput(loss=loss, logits=logits,
+                                    hidden_states=tuple(hidden) if output_hidden_states else None,
+                                    attentions=tuple(attentions) if output_attentions else None)
+        return out if return_dict else out.to_tuple()
