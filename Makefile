@@ -15,9 +15,10 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 main: $(STAMP)
-	$(VENV)/bin/pape-hub zoo
+	$(VENV)/bin/pape-hub arrows
 
-zoo: main
+zoo: $(STAMP)
+	$(VENV)/bin/pape-hub zoo
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

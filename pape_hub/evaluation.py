@@ -101,7 +101,8 @@ def plot_sweeps(results: list[dict[str, Any]], path: str | Path, title: str = ""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for res in results:
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, res in enumerate(results):
         for interp in (False, True):
             pts = [(r["size"], r["top1"]) for r in res["rows"] if r["interpolation"] == interp
                    and not r.get("patch_shuffle")]
@@ -109,7 +110,7 @@ def plot_sweeps(results: list[dict[str, Any]], path: str | Path, title: str = ""
                 xs, ys = zip(*pts)
                 name = res.get("label") or res.get("encoding") or res["architecture"]
                 label = name + (" (interp.)" if interp else "")
-                ax.plot(xs, ys, marker="o", ls="--" if interp else "-", label=label)
+                ax.plot(xs, ys, marker="o", ls="--" if interp else "-", label=label, color=colors[index % len(colors)])
     if results:
         ax.axvline(results[0].get("trained_at") or 0, color="gray", lw=0.8, ls=":")
         ax.set_xlabel(results[0]["sweep_unit"])
