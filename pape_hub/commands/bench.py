@@ -14,7 +14,6 @@ import gc
 import json
 import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ..encodings import list_encodings
+from ..evaluation import git_commit
 
 TIMM_SIZE = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
 # (target, what it is compared with) per model key, whole-model inference time ratio; see issue "Speed"
@@ -108,14 +108,6 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int, sy
             if round_ >= warmup:
                 times[key].append(time.perf_counter() - start)
     return times
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -48,9 +48,14 @@ class PapeViTPreTrainedModel(PreTrainedModel):
     def _core(self, num_classes: int) -> VisionTransformer:
         return VisionTransformer(**self.config.core_kwargs(num_classes))
 
-    def _run(self, pixel_values: torch.Tensor, output_hidden_states: bool, output_attentions: bool,
-             interpolate_pos_encoding: bool | None) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """(final normed tokens, hidden states: embeddings + every block, attention probabilities)."""
+    def _run(self, pixel_values: torch.Tensor, output_hidden_states: bool | None, output_attentions: bool | None,
+             interpolate_pos_encoding: bool | None) -> tuple[torch.Tensor, tuple | None, tuple | None]:
+        """(final normed tokens, hidden states: embeddings + every block, attention probabilities), the last two
+        None unless asked for (here or in the config)."""
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        if output_attentions is None:
+            output_attentions = self.config.output_attentions
         vit = self.vit
         eager = self.config._attn_implementation == "eager"
         for block in vit.blocks:
@@ -64,7 +69,11 @@ class PapeViTPreTrainedModel(PreTrainedModel):
             last, hidden, attentions = vit.run_blocks(tokens, pos, take=take, output_attentions=output_attentions)
         finally:
             vit.position_interpolation = saved
-        return vit.norm(last), ([tokens, *hidden] if output_hidden_states else []), attentions
+        return (vit.norm(last), (tokens, *hidden) if output_hidden_states else None,
+                tuple(attentions) if output_attentions else None)
+
+    def _output(self, out: Any, return_dict: bool | None) -> Any:
+        return out if (self.config.return_dict if return_dict is None else return_dict) else out.to_tuple()
 
     def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
         """transformers' save, then: ``auto_map`` for every head (not only this class), the code files so the
@@ -119,17 +128,11 @@ class PapeViTModel(PapeViTPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPooling | tuple:
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else \
-            self.config.output_hidden_states
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
         last, hidden, attentions = self._run(pixel_values, output_hidden_states, output_attentions,
                                              interpolate_pos_encoding)
         pooled = self.vit.forward_head(last, pre_logits=True)
-        out = BaseModelOutputWithPooling(last_hidden_state=last, pooler_output=pooled,
-                                         hidden_states=tuple(hidden) if output_hidden_states else None,
-                                         attentions=tuple(attentions) if output_attentions else None)
-        return out if return_dict else out.to_tuple()
+        return self._output(BaseModelOutputWithPooling(last_hidden_state=last, pooler_output=pooled,
+                                                       hidden_states=hidden, attentions=attentions), return_dict)
 
 
 class PapeViTForImageClassification(PapeViTPreTrainedModel):
@@ -151,15 +154,9 @@ class PapeViTForImageClassification(PapeViTPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs: Any,
     ) -> ImageClassifierOutput | tuple:
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else \
-            self.config.output_hidden_states
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
         last, hidden, attentions = self._run(pixel_values, output_hidden_states, output_attentions,
                                              interpolate_pos_encoding)
         logits = self.vit.forward_head(last)
         loss = self.loss_function(labels, logits, self.config) if labels is not None else None
-        out = ImageClassifierOutput(loss=loss, logits=logits,
-                                    hidden_states=tuple(hidden) if output_hidden_states else None,
-                                    attentions=tuple(attentions) if output_attentions else None)
-        return out if return_dict else out.to_tuple()
+        return self._output(ImageClassifierOutput(loss=loss, logits=logits, hidden_states=hidden,
+                                                  attentions=attentions), return_dict)
