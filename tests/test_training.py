@@ -133,7 +133,10 @@ def test_bad_training_input(tmp_path):
     with pytest.raises(ValueError, match="does not match the arrow images"):
         train(arrow_config(tmp_path, img_size=32))
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        train(arrow_config(tmp_path, dataset=f"imagefolder:{tmp_path / 'none'}"))
+        train(arrow_config(tmp_path, dataset=f"imagefolder:{tmp_path / 'none'}", img_size=48))
+    make_imagefolder(tmp_path / "data", size=16)
+    with pytest.raises(ValueError, match="not divisible by patch_size"):
+        train(arrow_config(tmp_path, dataset=f"imagefolder:{tmp_path / 'data'}", img_size=30))
 
 
 def test_corrupt_checkpoint_is_named(tmp_path):

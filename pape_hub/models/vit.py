@@ -68,6 +68,10 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"global_pool must be one of {_POOL_TYPES}, got {global_pool!r}")
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
+        sizes = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        if any(size % patch_size for size in sizes):
+            raise ValueError(f"img_size {sizes} is not divisible by patch_size {patch_size}; the model's native grid "
+                             "must be whole patches")
         norm_layer = norm_layer or partial(LayerNorm, eps=1e-6)
         self.num_classes = num_classes
         self.global_pool = global_pool
