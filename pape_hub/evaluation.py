@@ -17,7 +17,7 @@ from .checkpoint import load_checkpoint
 from .data import ARROW_TEST_SEED, ArrowConfig, ArrowDataset, build_data
 from .training import evaluate_loader
 
-__all__ = ["evaluate_checkpoint", "plot_sweeps", "shuffle_patches"]
+__all__ = ["evaluate_checkpoint", "git_commit", "plot_sweeps", "shuffle_patches", "write_json"]
 
 
 def shuffle_patches(images: torch.Tensor, patch: int, generator: torch.Generator) -> torch.Tensor:
@@ -128,5 +128,3 @@ def write_json(obj: Any, path: str | Path) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(obj, indent=2))
 
-
-__all__ += ["write_json"]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -266,7 +265,3 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     accelerator.end_training()
     return results
 
-
-def clean_output(path: str | Path) -> None:
-    """Remove a run folder (tests, the main job's --fresh)."""
-    shutil.rmtree(path, ignore_errors=True)

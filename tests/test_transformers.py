@@ -41,10 +41,14 @@ def pixels(size: int = 32, n: int = 2) -> torch.Tensor:
 
 def test_auto_classes_resolve():
     config = AutoConfig.for_model("pape_vit", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                  intermediate_size=64, image_size=32, patch_size=8)
+                                  intermediate_size=64, image_size=32, patch_size=8, position_encoding="rope")
     assert isinstance(config, PapeViTConfig)
     assert isinstance(AutoModel.from_config(config), PapeViTModel)
-    assert isinstance(AutoModelForImageClassification.from_config(config), PapeViTForImageClassification)
+    model = AutoModelForImageClassification.from_config(config).eval()
+    assert isinstance(model, PapeViTForImageClassification)
+    # a configuration made without timm still converts: any registered name of the encoding builds it
+    with torch.no_grad():
+        assert torch.equal(transformers_to_timm(model).eval()(pixels()), model(pixels()).logits)
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)

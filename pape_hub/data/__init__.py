@@ -16,7 +16,7 @@ from .images import TransformedDataset, load_cifar, load_hf, load_imagefolder, s
 
 __all__ = [
     "ARROW_TEST_SEED", "ARROW_VAL_SEED", "ArrowConfig", "ArrowDataset", "DataBundle", "build_data", "paper_setting",
-    "stratified_split",
+    "TransformedDataset", "stratified_split",
 ]
 
 ARROW_VAL_SEED, ARROW_TEST_SEED = 1_000_003, 2_000_003  # fixed, whatever the training seed
@@ -62,5 +62,3 @@ def build_data(spec: str, *, img_size: int, seed: int = 0, val_fraction: float =
     return DataBundle(train, val, test_ds, classes, True,
                       dict(spec=spec, train=len(train_idx), val=len(val_idx), test=len(test) if test else 0))
 
-
-__all__ += ["TransformedDataset"]

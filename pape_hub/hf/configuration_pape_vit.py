@@ -48,6 +48,11 @@ class PapeViTConfig(PreTrainedConfig):
     image_mean: list[float] | tuple[float, ...] = (0.485, 0.456, 0.406)
     image_std: list[float] | tuple[float, ...] = (0.229, 0.224, 0.225)
 
+    def timm_name(self) -> str:
+        """The timm entry point that builds this model. Any registered name of the same encoding does, since
+        :meth:`core_kwargs` gives every constructor argument; the recorded one is preferred."""
+        return self.timm_architecture or f"vit_t4_{self.position_encoding}"
+
     def core_kwargs(self, num_classes: int) -> dict[str, Any]:
         """Constructor arguments of the shared core ``VisionTransformer`` (the timm model)."""
         if self.hidden_act != "gelu":

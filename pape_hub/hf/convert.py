@@ -50,11 +50,9 @@ def timm_to_transformers(model: VisionTransformer, label_names: list[str] | None
 def transformers_to_timm(model: PapeViTForImageClassification | PapeViTModel, **overrides: Any) -> VisionTransformer:
     """The timm model (``timm.create_model(architecture, ...)``) holding the transformers model's weights."""
     config = model.config
-    if not config.timm_architecture:
-        raise ValueError("config.timm_architecture is not set; it names the registered timm model to build")
     args = config.core_kwargs(model.vit.num_classes)
     args.update(overrides)
-    timm_model = timm.create_model(config.timm_architecture, **args)
+    timm_model = timm.create_model(config.timm_name(), **args)
     timm_model.load_state_dict(model.vit.state_dict())
     return timm_model.train(model.training)
 

@@ -97,7 +97,7 @@ def timm_fields(config: PapeViTConfig, vit: VisionTransformer) -> dict[str, Any]
     num_classes = vit.num_classes
     args = config.core_kwargs(num_classes)
     args["img_size"] = list(vit.patch_embed.img_size)
-    architecture = config.timm_architecture or f"vit_t{config.patch_size}_{config.position_encoding}"
+    architecture = config.timm_name()
     size = config.image_size
     pretrained_cfg = dict(
         architecture=architecture, input_size=[config.num_channels, size, size], num_classes=num_classes,
