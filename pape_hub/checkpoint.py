@@ -1,10 +1,12 @@
-"""Checkpoint folders: ``model.safetensors`` + ``config.json`` in timm's Hub layout, written atomically.
+"""Checkpoint folders that load from both faces, written atomically.
 
-``config.json`` is what ``timm.save_for_hf`` writes (``architecture``, ``model_args``, ``pretrained_cfg``,
-``label_names``) plus a ``pape_hub`` block (encoding, its arguments, training facts), so a folder loads with
-``timm.create_model("local-dir:PATH", pretrained=True)`` or, once pushed, ``"hf-hub:org/name"``.
-Every file is written to a temporary name in the same folder and renamed over the old one, so an interrupted
-save never leaves a half-written checkpoint.
+A folder is what the transformers face's ``save_pretrained`` writes (``model.safetensors``, ``config.json`` with
+``auto_map``, the code files) with timm's fields (``architecture``, ``model_args``, ``pretrained_cfg``,
+``label_names``) and a ``pape_hub`` block (encoding, training facts) in the same ``config.json``. It loads with
+``timm.create_model("local-dir:PATH", pretrained=True)``, ``AutoModelForImageClassification.from_pretrained(PATH)``
+and, once pushed, ``"hf-hub:org/name"`` / ``from_pretrained("org/name")``. A folder is built beside its target and
+swapped in whole; single files go through a temporary name and a rename. An interrupted save never leaves a
+half-written checkpoint.
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ from typing import Any
 import timm
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
-from timm.models._hub import save_config_for_hf
+from safetensors.torch import load_file
 
 __all__ = ["atomic_write", "load_checkpoint", "read_config", "replace_dir", "save_checkpoint"]
 
@@ -55,19 +56,25 @@ def replace_dir(src: Path, dst: Path) -> None:
 
 def save_checkpoint(model: torch.nn.Module, directory: str | Path, label_names: list[str] | None = None,
                     data_config: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``model`` (a pape_hub timm model) to ``directory`` in the Hub layout."""
+    """Write ``model`` (a pape_hub timm model) to ``directory`` in the layout both faces load: transformers'
+    ``save_pretrained`` (safetensors, ``auto_map``, code files) with timm's fields in the same ``config.json``.
+    The folder is written beside ``directory`` and swapped in whole."""
+    from .hf.convert import image_processor_for, timm_to_transformers
+
     directory = Path(directory)
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    atomic_write(directory / WEIGHTS, lambda tmp: save_file(state, str(tmp), metadata={"format": "pt"}))
-    enc = model.pos_encoding
-    model_config = {"pape_hub": {"encoding": enc.name, **(extra or {})}}
-    if label_names:
-        model_config["label_names"] = list(label_names)
-
-    def write_config(tmp: Path) -> None:
-        save_config_for_hf(model, str(tmp), model_config=model_config, data_config=data_config)
-
-    atomic_write(directory / CONFIG, write_config)
+    mean, std = (data_config or {}).get("mean"), (data_config or {}).get("std")
+    hf_model = timm_to_transformers(model, label_names, image_mean=mean, image_std=std)
+    tmp = directory.with_name(f".{directory.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    hf_model.save_pretrained(tmp)
+    image_processor_for(hf_model.config).save_pretrained(tmp)  # pipeline("image-classification", model=folder)
+    config = json.loads((tmp / CONFIG).read_text())
+    config["pape_hub"] = {"encoding": model.pos_encoding.name, **(extra or {})}
+    if data_config:
+        keys = ("input_size", "mean", "std")
+        config["pretrained_cfg"].update({k: list(v) for k, v in data_config.items() if k in keys})
+    (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    replace_dir(tmp, directory)
     return directory
 
 
@@ -97,6 +104,7 @@ def load_checkpoint(directory: str | Path, **overrides: Any) -> tuple[torch.nn.M
         state = load_file(str(weights))
     except (SafetensorError, OSError) as err:
         raise ValueError(f"{weights} is corrupt or not a safetensors file: {err}") from err
+    state = {k.removeprefix("vit."): v for k, v in state.items()}  # the transformers face's keys
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"{weights} does not match {config['architecture']}: missing {missing[:5]}, "

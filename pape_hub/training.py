@@ -195,6 +195,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.log_with:
         accelerator.init_trackers(out.name, config={k: str(v) for k, v in asdict(cfg).items()})
 
+    if is_arrows:  # ArrowDataset scales pixels to [-1, 1] itself
+        mean, std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
     data_config = dict(input_size=(3, img_size, img_size), mean=mean, std=std)
     facts = dict(dataset=data.description, model=cfg.model, model_kwargs=cfg.model_kwargs, seed=cfg.seed)
     started = time.time()

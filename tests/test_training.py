@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 from test_data import make_imagefolder
 
+from pape_hub.card import write_model_card
 from pape_hub.checkpoint import load_checkpoint
 from pape_hub.cli import main
 from pape_hub.evaluation import evaluate_checkpoint, shuffle_patches
@@ -49,6 +50,15 @@ def test_train_writes_checkpoints_and_results(tmp_path):
     assert config["pape_hub"]["encoding"] == "pape" and config["pape_hub"]["dataset"]["train"]["grid"] == 4
     model, _ = load_checkpoint(run / "best")
     assert model.num_classes == 4
+    # the same folder through the transformers face (and the normalisation the arrow images use)
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    hf = AutoModelForImageClassification.from_pretrained(run / "best").eval()
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        assert torch.equal(hf(x).logits, model.eval()(x))
+    assert hf.config.id2label[0] == "up"
+    assert list(AutoImageProcessor.from_pretrained(run / "best").image_mean) == [0.5] * 3
 
 
 def test_resume_continues_exactly(tmp_path):
@@ -98,6 +108,10 @@ def test_evaluate_sweep_and_patch_shuffle(tmp_path):
     assert sizes == {(4, False, False), (4, True, False), (4, False, True), (6, False, False), (6, True, False),
                      (6, False, True)}
     assert result["encoding"] == "pape" and result["trained_at"] == 4
+    card = write_model_card(tmp_path / "run" / "best", result, plot="plot.png").read_text()
+    assert card.startswith("---\n") and "pipeline_tag: image-classification" in card
+    top1 = next(r["top1"] for r in result["rows"] if r["size"] == 6 and not r["interpolation"])
+    assert f"{top1:.3f}" in card and "Patch-shuffle" in card and "vit_t4_pape" in card
 
 
 def test_shuffle_patches_permutes_tiles():

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..card import write_model_card
 from ..encodings import list_encodings
 from ..evaluation import evaluate_checkpoint, plot_sweeps, write_json
 
@@ -102,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         res["train"] = json.loads((out / "results.json").read_text())
         results.append(res)
         write_json(res, out / "eval.json")
+        plot_sweeps([res], out / "best" / "accuracy_vs_grid.png", title=f"{enc}, trained on grid {setting['grid']}")
+        write_model_card(out / "best", res, plot="accuracy_vs_grid.png")
 
     table = summary_table(results, grids)
     summary = dict(setting=setting, epochs=epochs, train_size=args.train_size, grids=grids, seeds=seeds,
@@ -111,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     plot_sweeps(results, root / "accuracy_vs_grid.png", title=f"arrow task, trained on grid {setting['grid']}")
     print("\n" + table)
     print(f"\nwall time {time.time() - started:.0f}s; outputs: {root}/summary.md, {root}/summary.json, "
-          f"{root}/accuracy_vs_grid.png, checkpoints in {root}/<encoding>_seed<k>/best")
+          f"{root}/accuracy_vs_grid.png, checkpoints (with model cards) in {root}/<encoding>_seed<k>/best")
     return 1 if failed else 0
 
 

@@ -15,7 +15,8 @@ from .modeling_pape_vit import PapeViTForImageClassification, PapeViTModel
 __all__ = ["config_from_timm", "image_processor_for", "timm_to_transformers", "transformers_to_timm"]
 
 
-def config_from_timm(model: VisionTransformer, label_names: list[str] | None = None) -> PapeViTConfig:
+def config_from_timm(model: VisionTransformer, label_names: list[str] | None = None,
+                     image_mean: Any = None, image_std: Any = None) -> PapeViTConfig:
     """The transformers configuration of a pape_hub timm model (its recorded constructor arguments)."""
     args = dict(getattr(model, "_model_args", {}))
     cfg = getattr(model, "pretrained_cfg", {}) or {}
@@ -29,15 +30,17 @@ def config_from_timm(model: VisionTransformer, label_names: list[str] | None = N
     labels = label_names or [f"LABEL_{i}" for i in range(model.num_classes)]
     return PapeViTConfig.from_core_kwargs(
         full, timm_architecture=architecture, id2label=dict(enumerate(labels)),
-        label2id={name: i for i, name in enumerate(labels)}, image_mean=list(cfg.get("mean", (0.485, 0.456, 0.406))),
-        image_std=list(cfg.get("std", (0.229, 0.224, 0.225))),
+        label2id={name: i for i, name in enumerate(labels)},
+        image_mean=list(image_mean or cfg.get("mean", (0.485, 0.456, 0.406))),
+        image_std=list(image_std or cfg.get("std", (0.229, 0.224, 0.225))),
     )
 
 
-def timm_to_transformers(model: VisionTransformer, label_names: list[str] | None = None,
-                         head: bool = True) -> PapeViTForImageClassification | PapeViTModel:
-    """A transformers model holding exactly the timm model's weights."""
-    config = config_from_timm(model, label_names)
+def timm_to_transformers(model: VisionTransformer, label_names: list[str] | None = None, head: bool = True,
+                         image_mean: Any = None, image_std: Any = None) -> PapeViTForImageClassification | PapeViTModel:
+    """A transformers model holding exactly the timm model's weights (``image_mean``/``image_std``: the
+    normalisation it was trained with, default the timm model's ``pretrained_cfg``)."""
+    config = config_from_timm(model, label_names, image_mean, image_std)
     cls = PapeViTForImageClassification if head and model.num_classes else PapeViTModel
     hf = cls(config)
     state = {k: v for k, v in model.state_dict().items() if head or not k.startswith("head.")}
