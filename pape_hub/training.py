@@ -27,6 +27,7 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import set_seed
 from timm.data import Mixup, create_transform
 from timm.loss import SoftTargetCrossEntropy
+from timm.models import get_pretrained_cfg
 from timm.optim import create_optimizer_v2
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -106,7 +107,6 @@ def evaluate_loader(model: torch.nn.Module, loader: DataLoader, accelerator: Acc
 
 
 def build_model(cfg: TrainConfig, num_classes: int, img_size: int) -> torch.nn.Module:
-    model_args_for(cfg.model)  # a clear error for unknown names
     kwargs = dict(num_classes=num_classes, img_size=img_size, drop_path_rate=cfg.drop_path)
     kwargs.update(cfg.model_kwargs)
     return timm.create_model(cfg.model, **kwargs)
@@ -135,18 +135,18 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     main = accelerator.is_main_process
 
     # --- data ------------------------------------------------------------------------------------
+    model_args_for(cfg.model)  # an unknown name fails here, before any data work
     arrow_cfg = ArrowConfig(**cfg.arrow)
     is_arrows = cfg.dataset == "arrows"
     img_size = arrow_cfg.image_size if is_arrows else (cfg.img_size or model_args_for(cfg.model)["img_size"])
     if is_arrows and cfg.img_size not in (None, img_size):
         raise ValueError(f"--img-size {cfg.img_size} does not match the arrow images ({img_size}px)")
-    probe = build_model(cfg, 2, img_size)  # data transforms follow the model's pretrained_cfg
-    mean, std = probe.pretrained_cfg["mean"], probe.pretrained_cfg["std"]
+    pretrained_cfg = get_pretrained_cfg(cfg.model).to_dict()  # data transforms follow the model's recipe
+    mean, std = pretrained_cfg["mean"], pretrained_cfg["std"]
     train_tf = create_transform(img_size, is_training=True, auto_augment=cfg.randaugment or None, mean=mean,
                                 std=std, interpolation="bicubic")
     eval_tf = create_transform(img_size, is_training=False, mean=mean, std=std, interpolation="bicubic",
-                               crop_pct=probe.pretrained_cfg.get("crop_pct", 0.9))
-    del probe
+                               crop_pct=pretrained_cfg.get("crop_pct", 0.9))
     data = build_data(cfg.dataset, img_size=img_size, seed=cfg.seed, val_fraction=cfg.val_fraction,
                       train_size=cfg.train_size, eval_size=cfg.eval_size, arrow_config=arrow_cfg,
                       train_transform=train_tf, eval_transform=eval_tf, image_column=cfg.image_column,

@@ -150,7 +150,7 @@ def test_bad_training_input(tmp_path):
         train(arrow_config(tmp_path, dataset=f"imagefolder:{tmp_path / 'none'}", img_size=48))
     make_imagefolder(tmp_path / "data", size=16)
     with pytest.raises(ValueError, match="not divisible by patch_size"):
-        train(arrow_config(tmp_path, dataset=f"imagefolder:{tmp_path / 'data'}", img_size=30))
+        train(arrow_config(tmp_path, dataset=f"imagefolder:{tmp_path / 'data'}", img_size=30, batch_size=4))
 
 
 def test_corrupt_checkpoint_is_named(tmp_path):
