@@ -37,3 +37,18 @@ def test_inductor_forward_and_backward(encoding):
     out = torch.compile(model)(x)
     torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
     out.sum().backward()
+
+
+def test_compiled_liere_inference_reuses_cached_rotations():
+    """Compiled inference must not recompute every matrix_exp per call: the cache is looked up eagerly."""
+    torch.manual_seed(0)
+    model = timm.create_model("vit_t4_liere8", embed_dim=32, depth=2, num_heads=2).eval()
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        first = compiled(x)
+        cached = next(iter(model.pos_encoding._cache.values()))
+        second = compiled(x)
+        assert next(iter(model.pos_encoding._cache.values())) is cached
+        torch.testing.assert_close(first, second)
+        torch.testing.assert_close(first, model(x))

@@ -77,7 +77,17 @@ class LieRE(PositionEncoding):
         every layer's intermediates at once (over 10 GB for dense LieRE at ViT-B/16)."""
         if torch.is_grad_enabled() and self.generators.requires_grad:
             return pos.coords, None
+        if torch.compiler.is_compiling():
+            # a compiled graph would recompute every matrix_exp on each call; look the cache up eagerly instead
+            # (one graph break, inference only)
+            return pos.coords, self._cached_rotations_eagerly(pos)
+        return pos.coords, self._cached_rotations(pos)
 
+    @torch.compiler.disable
+    def _cached_rotations_eagerly(self, pos: TokenPositions) -> torch.Tensor:
+        return self._cached_rotations(pos)
+
+    def _cached_rotations(self, pos: TokenPositions) -> torch.Tensor:
         def build() -> torch.Tensor:
             # layer by layer into one tensor: matrix_exp's temporaries for every layer at once need ~10x the
             # result (over 20 GB for dense LieRE at ViT-B/16, 448 px)
@@ -89,7 +99,7 @@ class LieRE(PositionEncoding):
                     out[layer] = self.rotations(pos.coords, layer)
                 return out
 
-        return pos.coords, self.cached(pos.cache_key(), build, depends_on_params=True)
+        return self.cached(pos.cache_key(), build, depends_on_params=True)
 
     def rotate(self, t: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
         """t: (B, H, P+N, hd); rot: (H, N, G, b, b). Rotates the first G*b dims of the patch tokens."""
