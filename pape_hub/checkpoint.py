@@ -24,6 +24,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from .hf.configuration_pape_vit import check_config_agreement
+
 __all__ = ["atomic_write", "load_checkpoint", "read_config", "replace_dir", "save_checkpoint"]
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
@@ -54,22 +56,40 @@ def replace_dir(src: Path, dst: Path) -> None:
         shutil.rmtree(old)
 
 
-def save_checkpoint(model: torch.nn.Module, directory: str | Path, label_names: list[str] | None = None,
-                    data_config: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``model`` (a pape_hub timm model) to ``directory`` in the layout both faces load: transformers'
-    ``save_pretrained`` (safetensors, ``auto_map``, code files) with timm's fields in the same ``config.json``.
-    The folder is written beside ``directory`` and swapped in whole."""
-    from .hf.convert import image_processor_for, timm_to_transformers
+def save_checkpoint(model: torch.nn.Module, directory: str | Path, results: dict[str, Any] | None = None, *,
+                    label_names: list[str] | None = None, data_config: dict[str, Any] | None = None,
+                    extra: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` (a pape_hub timm model, or the transformers face) to ``directory`` in the layout both faces
+    load: transformers' ``save_pretrained`` (safetensors, ``auto_map``, code files) with timm's fields in the same
+    ``config.json``, and the image processor. ``results`` (an evaluation, e.g. from ``pape-hub eval``) is written
+    as ``eval.json``, which the model card is made from. The folder is written beside ``directory`` and swapped
+    in whole, so an interrupted save leaves the previous checkpoint intact."""
+    from transformers.utils import logging as hf_logging
+
+    from .hf.convert import processor_for, timm_to_transformers, transformers_to_timm
 
     directory = Path(directory)
+    if hasattr(model, "vit") and hasattr(model, "config"):  # the transformers face: its core is the timm model
+        hf_config = model.config
+        label_names = label_names or [hf_config.id2label[i] for i in range(len(hf_config.id2label))]
+        data_config = data_config or dict(mean=list(hf_config.image_mean), std=list(hf_config.image_std))
+        model = transformers_to_timm(model)
     mean, std = (data_config or {}).get("mean"), (data_config or {}).get("std")
     hf_model = timm_to_transformers(model, label_names, image_mean=mean, image_std=std)
     tmp = directory.with_name(f".{directory.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    hf_model.save_pretrained(tmp)
-    image_processor_for(hf_model.config).save_pretrained(tmp)  # pipeline("image-classification", model=folder)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one "Writing model shards" bar per save would drown training's output
+    try:
+        hf_model.save_pretrained(tmp)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    processor_for(hf_model.config).save_pretrained(tmp)  # pipeline("image-classification", model=folder)
+    if results is not None:
+        (tmp / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
     config = json.loads((tmp / CONFIG).read_text())
-    config["pape_hub"] = {"encoding": model.pos_encoding.name, **(extra or {})}
+    config["pape_hub"] = dict(extra or {})  # training facts; the encoding is position_encoding, stated once
     if data_config:
         keys = ("input_size", "mean", "std")
         config["pretrained_cfg"].update({k: list(v) for k, v in data_config.items() if k in keys})
@@ -94,9 +114,15 @@ def load_checkpoint(directory: str | Path, **overrides: Any) -> tuple[torch.nn.M
     config = read_config(directory)
     if "architecture" not in config:
         raise ValueError(f"{directory / CONFIG} has no 'architecture': not a timm/pape_hub checkpoint")
+    check_config_agreement(config, str(directory / CONFIG))
     args = {**config.get("model_args", {}), **overrides}
     args.setdefault("num_classes", config.get("num_classes"))
-    model = timm.create_model(config["architecture"], **args)
+    # the checkpoint's data config (its normalisation, input size, labels), not the registered name's defaults
+    data_keys = ("input_size", "interpolation", "crop_pct", "mean", "std", "num_classes", "label_names")
+    overlay = {k: v for k, v in config.get("pretrained_cfg", {}).items() if k in data_keys}
+    if config.get("label_names"):
+        overlay["label_names"] = list(config["label_names"])
+    model = timm.create_model(config["architecture"], pretrained_cfg_overlay=overlay, **args)
     weights = directory / WEIGHTS
     if not weights.exists():
         raise FileNotFoundError(f"{directory} has no {WEIGHTS}")

@@ -4,7 +4,6 @@ interpolation (PaPE tables 5-7), and the patch-shuffle test (LieRE table 5)."""
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -14,50 +13,86 @@ from timm.data import create_transform
 from torch.utils.data import DataLoader
 
 from .checkpoint import load_checkpoint
-from .data import ARROW_TEST_SEED, ArrowConfig, ArrowDataset, build_data
+from .data import (
+    ARROW_TEST_SEED,
+    ArrowConfig,
+    ArrowDataset,
+    MotionConfig,
+    MotionDataset,
+    VideoTransform,
+    build_data,
+    is_video_spec,
+)
+from .provenance import git_commit
 from .training import evaluate_loader
 
-__all__ = ["evaluate_checkpoint", "git_commit", "plot_sweeps", "shuffle_patches", "write_json"]
+__all__ = ["check_label_names", "evaluate_checkpoint", "parse_clip", "plot_sweep_summary", "plot_sweeps",
+           "shuffle_tiles", "write_json"]
 
 
-def shuffle_patches(images: torch.Tensor, patch: int, generator: torch.Generator) -> torch.Tensor:
-    """Permute the patch x patch tiles of each image at random (the content survives, the layout does not)."""
-    b, c, h, w = images.shape
-    gh, gw = h // patch, w // patch
-    tiles = images.reshape(b, c, gh, patch, gw, patch).permute(0, 2, 4, 1, 3, 5).reshape(b, gh * gw, c, patch, patch)
-    order = torch.stack([torch.randperm(gh * gw, generator=generator) for _ in range(b)])
-    tiles = tiles[torch.arange(b)[:, None], order]
-    return tiles.reshape(b, gh, gw, c, patch, patch).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+def shuffle_tiles(x: torch.Tensor, tile: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """Permute the tiles of each sample at random: (B, C, H, W) images in (p, p) patches, or (B, C, T, H, W)
+    clips in (t, h, w) tubelets. The content survives, the layout does not."""
+    b, c, *sides = x.shape
+    grid = [n // k for n, k in zip(sides, tile)]
+    split = x.reshape(b, c, *[v for pair in zip(grid, tile) for v in pair])  # (B, C, g0, k0, g1, k1, ...)
+    nd = len(grid)
+    order = [0, *range(2, 2 + 2 * nd, 2), 1, *range(3, 3 + 2 * nd, 2)]  # (B, g..., C, k...)
+    tiles = split.permute(order).reshape(b, -1, c, *tile)
+    perm = torch.stack([torch.randperm(tiles.shape[1], generator=generator) for _ in range(b)])
+    tiles = tiles[torch.arange(b)[:, None], perm].reshape(b, *grid, c, *tile)
+    back = [0, nd + 1] + [v for i in range(nd) for v in (1 + i, nd + 2 + i)]  # (B, C, g0, k0, g1, k1, ...)
+    return tiles.permute(back).reshape(x.shape)
 
 
 class ShuffledLoader:
-    def __init__(self, loader: DataLoader, patch: int, seed: int = 0) -> None:
-        self.loader, self.patch, self.generator = loader, patch, torch.Generator().manual_seed(seed)
+    def __init__(self, loader: DataLoader, tile: tuple[int, ...], seed: int = 0) -> None:
+        self.loader, self.tile, self.generator = loader, tile, torch.Generator().manual_seed(seed)
 
     def __iter__(self) -> Iterable:
-        for images, labels in self.loader:
-            yield shuffle_patches(images, self.patch, self.generator), labels
+        for x, labels in self.loader:
+            yield shuffle_tiles(x, self.tile, self.generator), labels
 
 
-def git_commit() -> str:
+def parse_clip(text: str | tuple[int, int]) -> tuple[int, int]:
+    """``"8x6"`` -> (frames, size)."""
+    if isinstance(text, (tuple, list)):
+        return int(text[0]), int(text[1])
+    frames, _, size = str(text).partition("x")
     try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return int(frames), int(size)
+    except ValueError as err:
+        raise ValueError(f"a clip size is FRAMESxSIZE (e.g. 8x6 or 16x224), got {text!r}") from err
+
+
+def check_label_names(config: dict[str, Any], classes: list[str], dataset: str) -> None:
+    """Refuse to score a checkpoint on a dataset whose classes are not the ones it was trained on, in order."""
+    trained = config.get("label_names")
+    if trained is not None and list(trained) != list(classes):
+        differ = next((i for i, (a, b) in enumerate(zip(trained, classes)) if a != b), min(len(trained), len(classes)))
+        raise ValueError(f"{dataset} has classes {classes[:8]}{'...' if len(classes) > 8 else ''} but the checkpoint "
+                         f"was trained on {list(trained)[:8]}{'...' if len(trained) > 8 else ''} (first difference at "
+                         f"index {differ}); its predictions would be scored against the wrong labels")
 
 
 def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: list[int] | None = None,
                         resolutions: list[int] | None = None, interpolation: str = "both", split: str = "test",
-                        batch_size: int = 256, eval_size: int = 2000, patch_shuffle: bool = True
-                        ) -> dict[str, Any]:
-    """Sweep one checkpoint. Arrow task: ``sizes`` are grid sizes; image datasets: ``resolutions`` in pixels."""
+                        batch_size: int = 256, eval_size: int = 2000, patch_shuffle: bool | str = True,
+                        clips: list[str | tuple[int, int]] | None = None) -> dict[str, Any]:
+    """Sweep one checkpoint. Arrow task: ``sizes`` are grid sizes; image datasets: ``resolutions`` in pixels;
+    video: ``clips`` as ``"FRAMESxSIZE"`` (motion task: size in cells; video folders: in pixels).
+
+    Each size is scored without and with position interpolation (except the training size, where interpolation
+    changes nothing), and the training size also with shuffled patches (tubelets for video;
+    ``patch_shuffle="all"``: every size)."""
     model, config = load_checkpoint(checkpoint)
     model.eval()
     meta = config.get("pape_hub", {})
     modes = {"both": [False, True], "on": [True], "off": [False]}[interpolation]
-    patch = model.patch_embed.patch_size[0]
+    tile = tuple(getattr(model.patch_embed, "tubelet_size", model.patch_embed.patch_size))
     native = model.patch_embed.img_size[0]
+    channels = model.patch_embed.proj.in_channels
+    mean, std = config["pretrained_cfg"]["mean"], config["pretrained_cfg"]["std"]  # what it was trained with
     rows: list[dict[str, Any]] = []
 
     def loaders() -> Iterable[tuple[int, DataLoader]]:
@@ -67,30 +102,63 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
                     if k in trained}
             for g in sizes or [base.get("grid", 4)]:
                 cfg = ArrowConfig(**{**base, "grid": g})
-                yield g, DataLoader(ArrowDataset(eval_size, cfg, seed=ARROW_TEST_SEED), batch_size=batch_size)
+                ds = ArrowDataset(eval_size, cfg, seed=ARROW_TEST_SEED, normalize=(mean, std), channels=channels)
+                check_label_names(config, ds.classes, dataset)
+                yield g, DataLoader(ds, batch_size=batch_size)
+        elif dataset == "motion":
+            trained = meta.get("dataset", {}).get("train", {})
+            base = {k: trained[k] for k in ("frames", "grid", "cell", "distractors", "tubelet_frames") if k in trained}
+            for frames, grid in map(parse_clip, clips or [(base["frames"], base["grid"])]):
+                ds = MotionDataset(eval_size, MotionConfig(**{**base, "frames": frames, "grid": grid}),
+                                   seed=ARROW_TEST_SEED, normalize=(mean, std), channels=channels)
+                check_label_names(config, ds.classes, dataset)
+                yield f"{frames}x{grid}", DataLoader(ds, batch_size=batch_size)
+        elif is_video_spec(dataset):
+            for frames, res in map(parse_clip, clips or [(model.patch_embed.num_frames, native)]):
+                tf = VideoTransform(res, mean, std)
+                data = build_data(dataset, img_size=res, eval_transform=tf, train_transform=tf, channels=channels,
+                                  num_frames=frames)
+                check_label_names(config, data.classes, dataset)
+                ds = data.test if split == "test" and data.test is not None else data.val
+                yield f"{frames}x{res}", DataLoader(ds, batch_size=batch_size)
         else:
-            mean, std = model.pretrained_cfg["mean"], model.pretrained_cfg["std"]
             for res in resolutions or [native]:
                 tf = create_transform(res, is_training=False, mean=mean, std=std, interpolation="bicubic",
                                       crop_pct=model.pretrained_cfg.get("crop_pct", 0.9))
-                data = build_data(dataset, img_size=res, eval_transform=tf, train_transform=tf)
+                data = build_data(dataset, img_size=res, eval_transform=tf, train_transform=tf, channels=channels)
+                check_label_names(config, data.classes, dataset)
                 ds = data.test if split == "test" and data.test is not None else data.val
                 yield res, DataLoader(ds, batch_size=batch_size)
 
+    trained_size = _trained_size(config, dataset, native)
     for size, loader in loaders():
         for interp in modes:
+            if interp and size == trained_size and False in modes:
+                continue  # at the training size interpolation scales positions by 1: the same numbers again
             model.position_interpolation = interp
             metrics = evaluate_loader(model, loader)
             rows.append(dict(size=size, interpolation=interp, **metrics))
-        if patch_shuffle:
+        if patch_shuffle and (size == trained_size or patch_shuffle == "all"):
             model.position_interpolation = False
             rows.append(dict(size=size, interpolation=False, patch_shuffle=True,
-                             **evaluate_loader(model, ShuffledLoader(loader, patch))))
-    return dict(checkpoint=str(checkpoint), architecture=config["architecture"], encoding=meta.get("encoding"),
-                dataset=dataset, split=split if dataset != "arrows" else "arrow test seed",
-                sweep_unit="arrow grid (cells per side)" if dataset == "arrows" else "image size (px)",
-                trained_at=(meta.get("dataset", {}).get("train", {}).get("grid") if dataset == "arrows" else native),
-                commit=git_commit(), rows=rows)
+                             **evaluate_loader(model, ShuffledLoader(loader, tile))))
+    units = {"arrows": "arrow grid (cells per side)", "motion": "clip (frames x cells per side)"}
+    return dict(checkpoint=str(checkpoint), architecture=config["architecture"],
+                encoding=config.get("position_encoding"), dataset=dataset,
+                split=split if dataset not in ("arrows", "motion") else "generated test seed",
+                sweep_unit=units.get(dataset, "clip (frames x px)" if is_video_spec(dataset) else "image size (px)"),
+                trained_at=trained_size, commit=git_commit(), rows=rows)
+
+
+def _trained_size(config: dict[str, Any], dataset: str, native: int) -> int | str:
+    trained = config.get("pape_hub", {}).get("dataset", {})
+    if dataset == "arrows":
+        return trained.get("train", {}).get("grid", 4)
+    if dataset == "motion":
+        return f"{trained['train']['frames']}x{trained['train']['grid']}"
+    if is_video_spec(dataset):
+        return f"{config['model_args']['num_frames']}x{native}"
+    return native
 
 
 def plot_sweeps(results: list[dict[str, Any]], path: str | Path, title: str = "") -> None:
@@ -112,7 +180,8 @@ def plot_sweeps(results: list[dict[str, Any]], path: str | Path, title: str = ""
                 label = name + (" (interp.)" if interp else "")
                 ax.plot(xs, ys, marker="o", ls="--" if interp else "-", label=label, color=colors[index % len(colors)])
     if results:
-        ax.axvline(results[0].get("trained_at") or 0, color="gray", lw=0.8, ls=":")
+        if isinstance(results[0].get("trained_at"), (int, float)):
+            ax.axvline(results[0]["trained_at"], color="gray", lw=0.8, ls=":")
         ax.set_xlabel(results[0]["sweep_unit"])
     ax.set_ylabel("top-1 accuracy")
     ax.set_ylim(0, 1.02)
@@ -121,6 +190,47 @@ def plot_sweeps(results: list[dict[str, Any]], path: str | Path, title: str = ""
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_sweep_summary(results: list[dict[str, Any]], path: str | Path, title: str = "") -> None:
+    """Accuracy against sweep size per encoding: the mean over seeds (solid: no interpolation, dashed: position
+    interpolation) with the min-max range shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    encodings = list(dict.fromkeys(r["encoding"] for r in results))
+    for index, enc in enumerate(encodings):
+        runs = [r for r in results if r["encoding"] == enc]
+        for interp in (False, True):
+            sizes = list(dict.fromkeys(row["size"] for r in runs for row in r["rows"] if row["interpolation"] == interp
+                                       and not row.get("patch_shuffle")))  # the sweep's own order
+            if not sizes:
+                continue
+            per_size = [[row["top1"] for r in runs for row in r["rows"] if row["size"] == s
+                         and row["interpolation"] == interp and not row.get("patch_shuffle")] for s in sizes]
+            means = [sum(v) / len(v) for v in per_size]
+            color = colors[index % len(colors)]
+            ax.plot(sizes, means, marker="o", ls="--" if interp else "-", color=color,
+                    label=enc + (" (interp.)" if interp else ""))
+            if len(runs) > 1:
+                ax.fill_between(sizes, [min(v) for v in per_size], [max(v) for v in per_size], color=color,
+                                alpha=0.08 if interp else 0.15)
+    if results:
+        if isinstance(results[0].get("trained_at"), (int, float)):
+            ax.axvline(results[0]["trained_at"], color="gray", lw=0.8, ls=":")
+        ax.set_xlabel(results[0]["sweep_unit"])
+    ax.set_ylabel("top-1 accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 

@@ -1,12 +1,14 @@
 """One training loop on accelerate for every model and dataset (``pape-hub train`` / ``scripts/train.py``).
 
 Recipe defaults follow PaPE table 8 / appendix E (AdamW, warm-up then cosine one-cycle schedule, no weight decay
-on norms, biases and position parameters, label smoothing, drop path, RandAugment / Mixup / CutMix from
-``timm.data`` for natural images); every value is a flag. Runs as ``python``, ``pape-hub`` or
-``accelerate launch`` (CPU, one GPU or many).
+on norms, biases and position parameters, label smoothing, drop path); data augmentation comes from ``timm.data``
+as a preset (``aug``: ``none``, ``light`` or ``default`` = DeiT's RandAugment / Mixup / CutMix) whose parts can each
+be overridden. Pixels are normalised with the training split's own mean and std unless ``normalize="model"``.
+Runs as ``python``, ``pape-hub`` or ``accelerate launch`` (CPU, one GPU or many).
 
-Output folder:
-    best/, last/         model.safetensors + config.json (timm Hub layout), written atomically each epoch
+Output folder (one run per folder: a non-empty folder is refused unless ``overwrite`` or ``resume``, and a lock
+keeps a second run out while one is writing):
+    best/, last/         model.safetensors + config.json (both faces' layout), written atomically each epoch
     state/               accelerate ``save_state`` (model, optimizer, scheduler, RNG, sampler) + trainer_state.json
     metrics.jsonl        one JSON line per epoch
     results.json         final numbers (test split scored with the best-on-validation checkpoint)
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +28,8 @@ import timm
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import set_seed
+from accelerate.utils.constants import RNG_STATE_NAME
+from filelock import FileLock, Timeout
 from timm.data import Mixup, create_transform
 from timm.loss import SoftTargetCrossEntropy
 from timm.models import get_pretrained_cfg
@@ -33,10 +38,34 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from .checkpoint import atomic_write, replace_dir, save_checkpoint
-from .data import ArrowConfig, build_data
+from .data import (
+    ArrowConfig,
+    MotionConfig,
+    VideoTransform,
+    arrow_statistics,
+    build_data,
+    channel_statistics,
+    is_video_spec,
+    motion_statistics,
+)
 from .models import model_args_for
 
-__all__ = ["TrainConfig", "evaluate_loader", "train"]
+__all__ = ["AUGMENTATION_PRESETS", "TrainConfig", "evaluate_loader", "train"]
+
+#: ``aug`` presets; any field given explicitly (not None) in :class:`TrainConfig` overrides its preset value.
+#: ``crop_scale=None`` means no random crop (the evaluation resize / centre crop is used for training too).
+AUGMENTATION_PRESETS: dict[str, dict[str, Any]] = {
+    "none": dict(crop_scale=None, hflip=0.0, color_jitter=0.0, randaugment="", mixup=0.0, cutmix=0.0),
+    "light": dict(crop_scale=(0.6, 1.0), hflip=0.5, color_jitter=0.0, randaugment="", mixup=0.0, cutmix=0.0),
+    "default": dict(crop_scale=(0.08, 1.0), hflip=0.5, color_jitter=0.4, randaugment="rand-m9-mstd0.5-inc1",
+                    mixup=0.8, cutmix=1.0),
+}
+#: settings a resumed run must share with the run it continues (``allow_changed_hparams`` permits changes)
+RESUME_HPARAMS = ("lr", "min_lr", "batch_size", "weight_decay", "warmup_epochs", "grad_accum", "clip_grad",
+                  "label_smoothing", "drop_path", "aug", "crop_scale", "hflip", "color_jitter", "randaugment", "mixup",
+                  "cutmix", "normalize", "train_size", "val_fraction", "arrow", "motion", "num_frames", "seed",
+                  "img_size")
+LOCK_NAME = ".pape_hub.lock"
 
 
 @dataclass
@@ -53,14 +82,21 @@ class TrainConfig:
     warmup_epochs: float = 1.0
     label_smoothing: float = 0.1
     drop_path: float = 0.1
-    mixup: float = 0.8
-    cutmix: float = 1.0
-    randaugment: str = "rand-m9-mstd0.5-inc1"
+    aug: str = "default"  # a key of AUGMENTATION_PRESETS; the six fields below override it where not None
+    crop_scale: tuple[float, float] | None = None
+    hflip: float | None = None
+    color_jitter: float | None = None
+    randaugment: str | None = None
+    mixup: float | None = None
+    cutmix: float | None = None
+    normalize: str = "dataset"  # "dataset": the training split's mean/std; "model": the model's pretrained_cfg
     grad_accum: int = 1
     clip_grad: float | None = 1.0
     seed: int = 0
     mixed_precision: str = "no"
     resume: str | None = None
+    allow_changed_hparams: bool = False  # let --resume continue with other hyper-parameters than it was saved with
+    overwrite: bool = False  # replace what an earlier run left in output_dir
     stop_after_epoch: int | None = None  # stop early (the schedule still spans `epochs`); resume later
     push_to_hub: str | None = None
     num_workers: int = 0
@@ -69,13 +105,58 @@ class TrainConfig:
     train_size: int = 16384  # arrow task: generated training samples per epoch
     eval_size: int = 2000  # arrow task: validation and test samples
     arrow: dict[str, int] = field(default_factory=dict)  # ArrowConfig fields
+    motion: dict[str, int] = field(default_factory=dict)  # MotionConfig fields (the video task)
+    num_frames: int | None = None  # video folders: frames sampled per clip (default: the model's)
     log_with: str | None = None
     image_column: str = "image"
     label_column: str = "label"
     quiet: bool = False
 
+    def __post_init__(self) -> None:
+        """Refuse values that cannot train, naming the setting (and its command-line flag)."""
+        def bad(name: str, rule: str) -> None:
+            raise ValueError(f"{name} (--{name.replace('_', '-')}) {rule}, got {getattr(self, name)!r}")
+
+        for name in ("epochs", "batch_size", "grad_accum", "train_size", "eval_size"):
+            if getattr(self, name) < 1:
+                bad(name, "must be at least 1")
+        if self.stop_after_epoch is not None and self.stop_after_epoch < 1:
+            bad("stop_after_epoch", "must be at least 1 (epochs to run before stopping)")
+        if not self.lr > 0:
+            bad("lr", "must be positive")
+        if not 0 <= self.min_lr <= self.lr:
+            bad("min_lr", f"must be in [0, lr={self.lr}]")
+        for name in ("weight_decay", "warmup_epochs", "drop_path", "num_workers"):
+            if getattr(self, name) < 0:
+                bad(name, "must not be negative")
+        if not 0 <= self.label_smoothing < 1:
+            bad("label_smoothing", "must be in [0, 1)")
+        if not 0 < self.val_fraction < 1:
+            bad("val_fraction", "must be in (0, 1)")
+        if self.clip_grad is not None and self.clip_grad <= 0:
+            bad("clip_grad", "must be positive (or None / 0 on the command line for no clipping)")
+        if self.aug not in AUGMENTATION_PRESETS:
+            bad("aug", f"must be one of {list(AUGMENTATION_PRESETS)}")
+        if self.normalize not in ("dataset", "model"):
+            bad("normalize", "must be 'dataset' or 'model'")
+        if self.crop_scale is not None:
+            self.crop_scale = tuple(float(v) for v in self.crop_scale)
+            if len(self.crop_scale) != 2 or not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1:
+                bad("crop_scale", "must be two numbers 0 < min <= max <= 1")
+        for name in ("hflip", "color_jitter", "mixup", "cutmix"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                bad(name, "must not be negative")
+        if self.hflip is not None and self.hflip > 1:
+            bad("hflip", "is a probability in [0, 1]")
+
+    def augmentation(self) -> dict[str, Any]:
+        """The ``aug`` preset with this config's explicit overrides."""
+        aug = dict(AUGMENTATION_PRESETS[self.aug])
+        aug.update({k: getattr(self, k) for k in aug if getattr(self, k) is not None})
+        return aug
+
     def identity(self) -> dict[str, Any]:
-        """What a resumed run must share with the checkpoint it resumes."""
+        """What a resumed run must share with the checkpoint it resumes, always."""
         return dict(model=self.model, model_kwargs=self.model_kwargs, dataset=self.dataset, epochs=self.epochs)
 
 
@@ -88,7 +169,7 @@ def lr_lambda(step: int, warmup: int, total: int, floor: float) -> float:
 
 
 @torch.no_grad()
-def evaluate_loader(model: torch.nn.Module, loader: DataLoader, accelerator: Accelerator | None = None
+def evaluate_loader(model: torch.nn.Module, loader: Any, accelerator: Accelerator | None = None
                     ) -> dict[str, float]:
     """Top-1, top-5 and cross-entropy over a loader (gathered across processes)."""
     model.eval()
@@ -106,13 +187,16 @@ def evaluate_loader(model: torch.nn.Module, loader: DataLoader, accelerator: Acc
                 count=int(count))
 
 
-def build_model(cfg: TrainConfig, num_classes: int, img_size: int) -> torch.nn.Module:
+def build_model(cfg: TrainConfig, num_classes: int, img_size: int, num_frames: int | None = None) -> torch.nn.Module:
     kwargs = dict(num_classes=num_classes, img_size=img_size, drop_path_rate=cfg.drop_path)
+    if num_frames is not None:
+        kwargs["num_frames"] = num_frames
     kwargs.update(cfg.model_kwargs)
     return timm.create_model(cfg.model, **kwargs)
 
 
 def check_resume(cfg: TrainConfig, state_dir: Path) -> dict[str, Any]:
+    """The saved trainer state, after checking the run can continue exactly as ``cfg`` describes."""
     path = state_dir / "trainer_state.json"
     if not path.exists():
         raise FileNotFoundError(f"cannot resume: {path} does not exist (was the run saved at least one epoch?)")
@@ -120,37 +204,147 @@ def check_resume(cfg: TrainConfig, state_dir: Path) -> dict[str, Any]:
     if saved["identity"] != cfg.identity():
         raise ValueError(f"cannot resume: {state_dir} is a checkpoint of {saved['identity']}, "
                          f"but this run is {cfg.identity()}")
+    if not any(state_dir.glob(f"{RNG_STATE_NAME}*.pkl")):
+        raise FileNotFoundError(f"cannot resume exactly: {state_dir} has no random-number state "
+                                f"({RNG_STATE_NAME}_*.pkl); the data order and augmentation would differ")
+    now = asdict(cfg)
+    changed = {k: (saved["config"].get(k), now[k]) for k in RESUME_HPARAMS
+               if _comparable(saved["config"].get(k)) != _comparable(now[k])}
+    if changed and not cfg.allow_changed_hparams:
+        listing = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in changed.items())
+        raise ValueError(f"cannot resume {state_dir} with other hyper-parameters ({listing}); pass the saved values, "
+                         "or --allow-changed-hparams to continue with the new ones")
     return saved
+
+
+def _comparable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def prepare_output_dir(cfg: TrainConfig, main: bool) -> FileLock | None:
+    """Refuse a non-empty output folder (unless resuming into it or overwriting), then lock it for this run."""
+    out = Path(cfg.output_dir)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--output-dir {out} exists and is not a folder")
+    leftovers = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME) if out.exists() else []
+    resuming_here = cfg.resume is not None and Path(cfg.resume).resolve() in (out.resolve(), (out / "state").resolve())
+    if leftovers and not (cfg.overwrite or resuming_here):
+        raise FileExistsError(f"--output-dir {out} already holds a run ({', '.join(leftovers[:5])}); pass --resume "
+                              f"{out} to continue it, --overwrite to replace it, or choose another folder")
+    if not main:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(out / LOCK_NAME))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout as err:
+        raise RuntimeError(f"another run is writing to {out} (its lock {out / LOCK_NAME} is held); wait for it to "
+                           "finish or choose another --output-dir") from err
+    if leftovers and cfg.overwrite and not resuming_here:
+        for name in leftovers:
+            path = out / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return lock
+
+
+def data_transforms(cfg: TrainConfig, img_size: int, channels: int, mean: Any, std: Any, crop_pct: float,
+                    video: bool = False) -> tuple[Any, Any]:
+    """(train, eval) transforms of an image or video dataset: the augmentation preset, then normalisation. Clips
+    take the preset's random-resized crop and flip, the same for every frame (RandAugment, jitter, Mixup and
+    CutMix are image-only)."""
+    aug = cfg.augmentation()
+    if video:
+        return (VideoTransform(img_size, mean, std, crop_scale=aug["crop_scale"], hflip=aug["hflip"]),
+                VideoTransform(img_size, mean, std))
+    eval_tf = create_transform(img_size, is_training=False, mean=mean, std=std, interpolation="bicubic",
+                               crop_pct=crop_pct)
+    if aug["crop_scale"] is None and not aug["hflip"] and not aug["color_jitter"] and not aug["randaugment"]:
+        return eval_tf, eval_tf
+    train_tf = create_transform(img_size, is_training=True, scale=aug["crop_scale"] or (1.0, 1.0),
+                                hflip=aug["hflip"], color_jitter=aug["color_jitter"],
+                                auto_augment=aug["randaugment"] or None, mean=mean, std=std, interpolation="bicubic")
+    return train_tf, eval_tf
+
+
+def normalisation(cfg: TrainConfig, img_size: int, channels: int, arrow_cfg: ArrowConfig, motion_cfg: MotionConfig,
+                  crop_pct: float, num_frames: int | None) -> tuple[list[float], list[float]]:
+    """Mean and std (one per channel) the run normalises with: the training split's own, or the model's."""
+    if cfg.normalize == "model":
+        pretrained = get_pretrained_cfg(cfg.model).to_dict()
+        mean, std = list(pretrained["mean"]), list(pretrained["std"])
+        if channels == 1:  # a grey model: the average of the model's per-channel values
+            mean, std = [sum(mean) / len(mean)], [sum(std) / len(std)]
+        return mean, std
+    if cfg.dataset in ("arrows", "motion"):
+        mean, std = arrow_statistics(arrow_cfg) if cfg.dataset == "arrows" else motion_statistics(motion_cfg)
+        return [round(mean, 6)] * channels, [round(std, 6)] * channels
+    if num_frames is not None:  # a video folder: decoding is slow, so fewer clips
+        to_tensor = VideoTransform(img_size, (0.0,) * channels, (1.0,) * channels)
+        samples = 256
+    else:
+        to_tensor = create_transform(img_size, is_training=False, mean=(0.0,) * channels, std=(1.0,) * channels,
+                                     interpolation="bicubic", crop_pct=crop_pct)
+        samples = 2048
+    raw = build_data(cfg.dataset, img_size=img_size, val_fraction=cfg.val_fraction, train_transform=to_tensor,
+                     eval_transform=to_tensor, image_column=cfg.image_column, label_column=cfg.label_column,
+                     channels=channels, num_frames=num_frames or 16)
+    return channel_statistics(raw.train, max_samples=samples)
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train, validate every epoch, keep best/last, score the test split with the best; returns results."""
     out = Path(cfg.output_dir)
+    model_args_for(cfg.model)  # an unknown name fails here, before any work
+    push_target = None
+    if cfg.push_to_hub:
+        from .hub import check_push_target
+
+        push_target = check_push_target(cfg.push_to_hub)  # token, repo id and endpoint before the first step
     accelerator = Accelerator(
         mixed_precision=cfg.mixed_precision, gradient_accumulation_steps=cfg.grad_accum,
         log_with=cfg.log_with, project_dir=str(out),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
+    main = accelerator.is_main_process
+    lock = prepare_output_dir(cfg, main)
+    try:
+        return _train(cfg, accelerator, push_target)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(cfg: TrainConfig, accelerator: Accelerator, push_target: str | None) -> dict[str, Any]:
+    out = Path(cfg.output_dir)
     set_seed(cfg.seed)
     main = accelerator.is_main_process
 
     # --- data ------------------------------------------------------------------------------------
-    model_args_for(cfg.model)  # an unknown name fails here, before any data work
-    arrow_cfg = ArrowConfig(**cfg.arrow)
-    is_arrows = cfg.dataset == "arrows"
-    img_size = arrow_cfg.image_size if is_arrows else (cfg.img_size or model_args_for(cfg.model)["img_size"])
-    if is_arrows and cfg.img_size not in (None, img_size):
-        raise ValueError(f"--img-size {cfg.img_size} does not match the arrow images ({img_size}px)")
-    pretrained_cfg = get_pretrained_cfg(cfg.model).to_dict()  # data transforms follow the model's recipe
-    mean, std = pretrained_cfg["mean"], pretrained_cfg["std"]
-    train_tf = create_transform(img_size, is_training=True, auto_augment=cfg.randaugment or None, mean=mean,
-                                std=std, interpolation="bicubic")
-    eval_tf = create_transform(img_size, is_training=False, mean=mean, std=std, interpolation="bicubic",
-                               crop_pct=pretrained_cfg.get("crop_pct", 0.9))
+    arrow_cfg, motion_cfg = ArrowConfig(**cfg.arrow), MotionConfig(**cfg.motion)
+    generated = {"arrows": arrow_cfg, "motion": motion_cfg}.get(cfg.dataset)
+    defaults = {**model_args_for(cfg.model), **cfg.model_kwargs}
+    video = "num_frames" in defaults
+    if video != is_video_spec(cfg.dataset):
+        raise ValueError(f"{cfg.model} is {'a video' if video else 'an image'} model but {cfg.dataset!r} is "
+                         f"{'a video' if is_video_spec(cfg.dataset) else 'an image'} dataset")
+    img_size = generated.image_size if generated else (cfg.img_size or defaults["img_size"])
+    if generated and cfg.img_size not in (None, img_size):
+        raise ValueError(f"--img-size {cfg.img_size} does not match the {cfg.dataset} images ({img_size}px)")
+    num_frames = None
+    if video:
+        num_frames = motion_cfg.frames if cfg.dataset == "motion" else (cfg.num_frames or defaults["num_frames"])
+        if cfg.dataset == "motion" and list(defaults["tubelet_size"])[0] != motion_cfg.tubelet_frames:
+            raise ValueError(f"the motion task keeps frames still within tubelets of {motion_cfg.tubelet_frames}, but "
+                             f"the model's tubelet is {list(defaults['tubelet_size'])}; make them agree")
+    channels = cfg.model_kwargs.get("in_chans", 3)
+    crop_pct = get_pretrained_cfg(cfg.model).to_dict().get("crop_pct", 0.9)
+    mean, std = normalisation(cfg, img_size, channels, arrow_cfg, motion_cfg, crop_pct, num_frames)
+    train_tf, eval_tf = data_transforms(cfg, img_size, channels, mean, std, crop_pct, video)
     data = build_data(cfg.dataset, img_size=img_size, seed=cfg.seed, val_fraction=cfg.val_fraction,
                       train_size=cfg.train_size, eval_size=cfg.eval_size, arrow_config=arrow_cfg,
                       train_transform=train_tf, eval_transform=eval_tf, image_column=cfg.image_column,
-                      label_column=cfg.label_column)
+                      label_column=cfg.label_column, channels=channels, normalize=(mean, std),
+                      motion_config=motion_cfg, num_frames=num_frames or 16)
     num_classes = len(data.classes)
     generator = torch.Generator().manual_seed(cfg.seed)
     train_loader = DataLoader(data.train, batch_size=cfg.batch_size, shuffle=True, drop_last=True,
@@ -162,16 +356,17 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         raise ValueError(f"the training split has {len(data.train)} samples, fewer than one batch of {cfg.batch_size}")
 
     # --- model, optimizer, schedule, loss --------------------------------------------------------
-    model = build_model(cfg, num_classes, img_size)
+    model = build_model(cfg, num_classes, img_size, num_frames)
     optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = math.ceil(len(train_loader) / cfg.grad_accum)
     total_steps = cfg.epochs * steps_per_epoch
     warmup = max(1, round(cfg.warmup_epochs * steps_per_epoch))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_lambda(s, warmup, total_steps, cfg.min_lr / cfg.lr))
+    aug = cfg.augmentation()
     mixup = None
-    if data.is_images and (cfg.mixup > 0 or cfg.cutmix > 0):
-        mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.label_smoothing,
+    if data.is_images and (aug["mixup"] > 0 or aug["cutmix"] > 0):
+        mixup = Mixup(mixup_alpha=aug["mixup"], cutmix_alpha=aug["cutmix"], label_smoothing=cfg.label_smoothing,
                       num_classes=num_classes)
         criterion: torch.nn.Module = SoftTargetCrossEntropy()
     else:
@@ -191,14 +386,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         accelerator.load_state(str(resume_dir))
         start_epoch, best, history = saved["epoch"] + 1, saved["best"], saved["history"]
         if main and not cfg.quiet:
-            print(f"resumed from {resume_dir} after epoch {saved['epoch']} (step {saved['step']})")
+            print(f"resumed from {resume_dir} after epoch {saved['epoch'] + 1} (step {saved['step']})")
     if cfg.log_with:
         accelerator.init_trackers(out.name, config={k: str(v) for k, v in asdict(cfg).items()})
 
-    if is_arrows:  # ArrowDataset scales pixels to [-1, 1] itself
-        mean, std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
-    data_config = dict(input_size=(3, img_size, img_size), mean=mean, std=std)
-    facts = dict(dataset=data.description, model=cfg.model, model_kwargs=cfg.model_kwargs, seed=cfg.seed)
+    data_config = dict(input_size=(channels, img_size, img_size), mean=mean, std=std)
+    facts = dict(dataset=data.description, model=cfg.model, model_kwargs=cfg.model_kwargs, seed=cfg.seed,
+                 recipe=recipe_summary(cfg))
     started = time.time()
     last_epoch = cfg.epochs if cfg.stop_after_epoch is None else min(cfg.epochs, cfg.stop_after_epoch)
     for epoch in range(start_epoch, last_epoch):
@@ -233,9 +427,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         if main:
             if val["top1"] > best["top1"]:
                 best = dict(top1=val["top1"], epoch=epoch)
-                save_checkpoint(unwrapped, out / "best", data.classes, data_config, {**facts, "epoch": epoch,
-                                                                                     "val_top1": val["top1"]})
-            save_checkpoint(unwrapped, out / "last", data.classes, data_config, {**facts, "epoch": epoch})
+                save_checkpoint(unwrapped, out / "best", label_names=data.classes, data_config=data_config,
+                                extra={**facts, "epoch": epoch, "val_top1": val["top1"]})
+            save_checkpoint(unwrapped, out / "last", label_names=data.classes, data_config=data_config,
+                            extra={**facts, "epoch": epoch})
             with open(out / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps(record) + "\n")
             if not cfg.quiet:
@@ -260,10 +455,23 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         results["test"] = evaluate_loader(accelerator.prepare(best_model), test_loader, accelerator)
     if main:
         atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(results, indent=2)))
-        if cfg.push_to_hub:
+        if push_target:
             from .hub import push_checkpoint
 
-            results["hub_url"] = push_checkpoint(out / "best", cfg.push_to_hub)
+            results["hub_url"] = push_checkpoint(out / "best", push_target)
+            if not cfg.quiet:
+                print(f"pushed {out / 'best'} to {results['hub_url']}")
     accelerator.end_training()
     return results
 
+
+def recipe_summary(cfg: TrainConfig) -> dict[str, Any]:
+    """The training recipe as the model card reports it."""
+    aug = cfg.augmentation()
+    return dict(optimizer="AdamW", lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay,
+                batch_size=cfg.batch_size * cfg.grad_accum, epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
+                label_smoothing=cfg.label_smoothing, drop_path=cfg.drop_path, clip_grad=cfg.clip_grad,
+                augmentation=cfg.aug if cfg.dataset not in ("arrows", "motion") else "none (generated task)",
+                **({k: _comparable(v) for k, v in aug.items()} if cfg.dataset not in ("arrows", "motion") else {}),
+                normalize=cfg.normalize, train_size=cfg.train_size if cfg.dataset in ("arrows", "motion") else None,
+                mixed_precision=cfg.mixed_precision, seed=cfg.seed)

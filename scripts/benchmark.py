@@ -1,11 +1,8 @@
-"""Speed of every encoding against timm's own ViTs (same as ``pape-hub bench``; ``--help`` for flags)."""
+"""Speed of every encoding against timm's own ViTs (the same as ``pape-hub bench``; ``--help`` lists the flags)."""
 
-import argparse
 import sys
 
-from pape_hub.commands import bench
+from pape_hub_cli import main
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=bench.__doc__)
-    bench.add_arguments(parser)
-    sys.exit(bench.run(parser.parse_args()))
+    sys.exit(main(["bench", *sys.argv[1:]]))

@@ -1,12 +1,8 @@
-"""Evaluate a checkpoint across sizes (same as ``pape-hub eval``)."""
+"""Evaluate a checkpoint across sizes (the same as ``pape-hub eval``; ``--help`` lists the flags)."""
 
-import argparse
 import sys
 
-from pape_hub.commands import eval as eval_command
+from pape_hub_cli import main
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=eval_command.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    eval_command.add_arguments(parser)
-    sys.exit(eval_command.run(parser.parse_args()))
+    sys.exit(main(["eval", *sys.argv[1:]]))

@@ -1,11 +1,11 @@
-"""Train any pape_hub model (same as ``pape-hub train``); works under ``accelerate launch``."""
+"""Train any pape_hub model; works under ``accelerate launch``.
 
-import argparse
+The same as ``pape-hub train``; ``--help`` lists the flags.
+"""
+
 import sys
 
-from pape_hub.commands import train
+from pape_hub_cli import main
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=train.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    train.add_arguments(parser)
-    sys.exit(train.run(parser.parse_args()))
+    sys.exit(main(["train", *sys.argv[1:]]))

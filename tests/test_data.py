@@ -7,9 +7,19 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
-from pape_hub.data import ArrowConfig, ArrowDataset, build_data, paper_setting, stratified_split
+from pape_hub.data import (
+    ArrowConfig,
+    ArrowDataset,
+    arrow_statistics,
+    build_data,
+    channel_statistics,
+    describe_spec,
+    paper_setting,
+    stratified_split,
+)
 from pape_hub.data.arrows import _STEP, render_glyphs
 
 
@@ -55,9 +65,17 @@ def test_arrow_glyph_orientations():
     assert y_up[-4:, :4].sum() > 0 and y_up[:4, :4].sum() == 0
 
 
-def test_arrow_dataset_tensor():
+def test_arrow_dataset_tensor_is_normalised_with_the_task_statistics():
+    mean, std = arrow_statistics(ArrowConfig())
+    assert 0.03 < mean < 0.06 and 0.15 < std < 0.2  # mostly black background, thin white glyphs
+    raw, _ = ArrowDataset(2, normalize=None)[0]
     x, y = ArrowDataset(2)[0]
-    assert x.shape == (3, 48, 48) and x.min() >= -1 and x.max() <= 1 and y in range(4)
+    assert x.shape == (3, 48, 48) and y in range(4) and raw.min() == 0 and raw.max() == 1
+    torch.testing.assert_close(x, (raw - mean) / std)
+    # a checkpoint's per-channel values, and a grey model
+    given = ArrowDataset(2, normalize=([0.1, 0.2, 0.3], [0.5, 0.5, 0.5]))[0][0]
+    torch.testing.assert_close(given[:, 0, 0], torch.tensor([-0.2, -0.4, -0.6]))
+    assert ArrowDataset(2, channels=1)[0][0].shape == (1, 48, 48)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -118,6 +136,47 @@ def test_hf_datasets_loader_and_column_errors(tmp_path):
     assert data.classes == ["a", "b", "c"] and len(data.test) == 6
     with pytest.raises(ValueError, match="no column 'label'.*--label-column"):
         build_data(f"hf:{tmp_path / 'hfdata'}", img_size=8, image_column="img")
+
+
+@pytest.mark.parametrize("raw_labels", [["cat", "dog", "emu"], [3, 5, 9]])
+def test_hf_datasets_with_string_or_offset_labels_are_mapped(tmp_path, raw_labels):
+    datasets = pytest.importorskip("datasets")
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)) for _ in range(12)]
+    labels = [raw_labels[i % 3] for i in range(12)]
+    value = datasets.Value("string" if isinstance(labels[0], str) else "int64")
+    ds = datasets.Dataset.from_dict({"image": images, "label": labels},
+                                    features=datasets.Features({"image": datasets.Image(), "label": value}))
+    datasets.DatasetDict(train=ds, test=ds.select([0, 4, 8])).save_to_disk(str(tmp_path / "hf"))
+    data = build_data(f"hf:{tmp_path / 'hf'}", img_size=8, val_fraction=0.25)
+    assert data.classes == [str(v) for v in raw_labels]
+    every = [data.train[i][1] for i in range(len(data.train))] + [data.test[i][1] for i in range(len(data.test))]
+    assert set(every) == {0, 1, 2}
+    assert data.test[1][1] == 1  # raw label raw_labels[1] -> index 1, the same mapping for every split
+
+
+def test_digits_from_scikit_learn_and_grey_images():
+    data = build_data("digits", img_size=16)
+    assert data.classes == [str(d) for d in range(10)] and len(data.test) == 599
+    assert len(data.train) + len(data.val) == 1797 - 599
+    image, label = data.train[0]
+    assert image.mode == "RGB" and image.size == (8, 8) and label in range(10)
+    grey = build_data("digits", img_size=16, channels=1)
+    assert grey.train[0][0].mode == "L"
+
+
+def test_channel_statistics_and_spec_description(tmp_path):
+    class Constant(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.stack([torch.full((2, 2), 0.25), torch.tensor([[0.0, 1.0], [0.0, 1.0]])]), 0
+
+    mean, std = channel_statistics(Constant())
+    assert mean == [0.25, 0.5] and std[1] == 0.5 and std[0] == 0.001  # a flat channel's std is floored
+    assert describe_spec(f"imagefolder:{tmp_path}/pets/") == "imagefolder:pets"  # no absolute paths recorded
+    assert describe_spec("digits") == "digits" and describe_spec("hf:cifar10") == "hf:cifar10"
 
 
 def test_missing_data_folders_are_named(tmp_path):

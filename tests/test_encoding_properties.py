@@ -19,8 +19,8 @@ from helpers import (
     rotation_2d,
 )
 
-from pape_hub.encodings import TokenPositions, grid_positions, list_encodings
-from pape_hub.encodings.alibi import alibi_slopes, assign_head_views
+from pape_hub.encodings import EncodingContext, TokenPositions, create_encoding, grid_positions, list_encodings
+from pape_hub.encodings.alibi import alibi_slopes, assign_head_views, split_heads
 from pape_hub.encodings.liere import LieRE
 
 N = 12  # patch tokens in the free-form tests
@@ -228,12 +228,40 @@ def test_alibi_bias_is_minus_slope_times_distance():
     torch.testing.assert_close(bias[:, 0, 1], -5 * alibi_slopes(HEADS).double())
 
 
+def reference_lookhere_slopes(split: list[tuple[str, int]]) -> list[float]:
+    """The LookHere reference code's rule, written independently: per direction group, directional heads
+    repeat(2^-(1..n/4), 4) (repeat_interleave), `none` heads 1/4, 1/16, 1/64, ..."""
+    slopes = []
+    for group, n in split:
+        if group == "none":
+            slopes += [4.0 ** -(i + 1) for i in range(n)]
+        else:
+            slopes += [2.0 ** -k for k in range(1, n // 4 + 1) for _ in range(4)]
+    return slopes
+
+
+@pytest.mark.parametrize("heads,split", [
+    (12, [("corners", 4), ("triangles", 4), ("none", 4)]),  # LH-90
+    (16, [("corners", 8), ("triangles", 4), ("none", 4)]),  # the reference's 16-head split
+])
+def test_lookhere_slopes_follow_the_reference_rule(heads, split):
+    ctx = EncodingContext(heads * 8, heads, 2, (4, 4), 1)
+    enc = create_encoding("lookhere", ctx)
+    expected = 2.0 * torch.tensor(reference_lookhere_slopes(split))  # global slope 2
+    torch.testing.assert_close(enc.head_slopes, expected)
+    if heads == 12:
+        assert enc.head_slopes[4:8].tolist() == [1.0] * 4  # triangle heads: 0.5 (x2), not 0.25
+
+
 def test_lookhere_views_and_slopes():
-    assert assign_head_views("corners-triangles-none", 12) == [
+    assert [v for v, _ in assign_head_views("corners-triangles-none", 12)] == [
         "top_left", "bottom_right", "top_right", "bottom_left", "up", "down", "left", "right",
         "none", "none", "none", "none",
     ]
+    assert [v for v, _ in assign_head_views("corners-triangles-none", 16)][:8] == [
+        "top_left", "bottom_right", "top_right", "bottom_left"] * 2
     assert len(assign_head_views("corners-triangles-none", 3)) == 3
+    assert split_heads(["corners", "triangles", "none"], 6) == [2, 2, 2]
     with pytest.raises(ValueError, match="unknown LookHere head direction"):
         assign_head_views("corners-spirals", 12)
     enc = make_encoding("lookhere", grid=(5, 5), num_prefix=0)  # 2 heads: top_left, up (even split)

@@ -1,9 +1,10 @@
-"""The real Hub code paths (huggingface_hub uploads, timm's ``hf-hub:``, transformers' ``from_pretrained``)
-against a Hub endpoint on 127.0.0.1 (tests/local_hub.py). Each client runs in a subprocess because
-huggingface_hub reads HF_ENDPOINT at import time."""
+"""The real Hub code paths (huggingface_hub uploads, timm's ``hf-hub:`` and ``pretrained=True``, transformers'
+``from_pretrained``) against the package's Hub endpoint on 127.0.0.1 (:mod:`pape_hub.hub.server`). Clients run in
+subprocesses because huggingface_hub reads HF_ENDPOINT at import time; Xet is disabled (the classic LFS path)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,74 +12,248 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from local_hub import LocalHub
+import timm
 
+from pape_hub.checkpoint import save_checkpoint
+from pape_hub.hub.server import LocalHub
+
+ROOT = Path(__file__).resolve().parent.parent
 TINY = '{"patch_size": 12, "embed_dim": 32, "depth": 2, "num_heads": 2, "global_pool": "avg", "class_token": false}'
 
 
 @pytest.fixture
 def hub(tmp_path):
-    server = LocalHub().start()
+    server = LocalHub(tmp_path / "hub-data").start()
     yield server
     server.stop()
 
 
-def run_client(hub: LocalHub, tmp_path: Path, script: str, token: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HOME=str(tmp_path / "hf_home"),
-               HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_ETAG_TIMEOUT="30", HF_HUB_DOWNLOAD_TIMEOUT="30")
-    env.pop("HF_HUB_OFFLINE", None)
-    if token:
-        env["HF_TOKEN"] = hub.token
-    else:
-        env.pop("HF_TOKEN", None)
+def client(hub: LocalHub, tmp_path: Path, script: str, token: bool = True, **extra: str
+           ) -> subprocess.CompletedProcess:
+    env = {**os.environ, **hub.client_env(), "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_ETAG_TIMEOUT": "30",
+           "HF_HUB_DOWNLOAD_TIMEOUT": "30", **extra}
+    if "HF_HUB_OFFLINE" not in extra:
+        env.pop("HF_HUB_OFFLINE", None)
+    if not token:
+        env.pop("HF_TOKEN")
     return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=env,
-                          cwd=Path(__file__).parent.parent, timeout=600)
+                          cwd=ROOT, timeout=600)
 
 
-def test_train_push_to_hub_then_load_from_both_faces(hub, tmp_path):
-    done = run_client(hub, tmp_path, f"""
-        import json, torch, timm
+def tiny_checkpoint(folder: Path, encoding: str = "pape", seed: int = 0) -> Path:
+    import torch
+
+    torch.manual_seed(seed)
+    model = timm.create_model(f"vit_t4_{encoding}", embed_dim=32, depth=2, num_heads=2, num_classes=3).eval()
+    return save_checkpoint(model, folder, {"rows": [dict(size=32, interpolation=False, top1=0.5, top5=1.0,
+                                                         loss=1.0, count=10)],
+                                           "sweep_unit": "image size (px)", "split": "test", "trained_at": 32,
+                                           "commit": "test"}, label_names=["a", "b", "c"])
+
+
+# appended to the 8-space-indented client scripts below
+LOAD_BACK = """
+        import json, torch, timm, pape_hub
+        from transformers import AutoModelForImageClassification
+        local = timm.create_model("local-dir:{folder}", pretrained=True).eval()
+        via_timm = timm.create_model("hf-hub:{repo}", pretrained=True).eval()
+        via_hf = AutoModelForImageClassification.from_pretrained("{repo}").eval()
+        x = torch.randn(2, 3, 32, 32)
+        with torch.no_grad():
+            print(json.dumps([torch.equal(via_timm(x), local(x)), torch.equal(via_hf(x).logits, local(x))]))
+"""
+
+
+@pytest.mark.parametrize("upload_mode", ["auto", "regular"])
+def test_push_then_load_from_both_faces_lfs_and_regular(hub, tmp_path, upload_mode):
+    hub.upload_mode = upload_mode
+    folder = tiny_checkpoint(tmp_path / "ckpt")
+    done = client(hub, tmp_path, f"""
+        from pape_hub.cli import main
+        assert main(["push", "{folder}", "--repo-id", "org/tiny-pape"]) == 0
+    """ + LOAD_BACK.format(folder=folder, repo="org/tiny-pape"))
+    assert done.stdout.strip().endswith("[true, true]"), done.stderr[-3000:]
+    assert "pushed" in done.stdout and f"{hub.url}/org/tiny-pape/commit/" in done.stdout
+    files = hub.files("org/tiny-pape")
+    assert {"model.safetensors", "config.json", "preprocessor_config.json", "README.md", "eval.json",
+            "modeling_pape_vit.py"} <= set(files)
+    assert files["model.safetensors"]["kind"] == ("lfs" if upload_mode == "auto" else "regular")
+    assert files["config.json"]["kind"] == "regular"
+    card = (hub.data_dir / "objects" / "regular" / files["README.md"]["oid"]).read_bytes().decode()
+    assert "org/tiny-pape" in card and "REPO_ID" not in card and "library_name: pape_hub" in card
+    assert "import pape_hub" in card and "model-index" in card and "datasets:" in card
+    assert "/tmp" not in (hub.data_dir / "objects" / "regular" / files["config.json"]["oid"]).read_text()
+
+
+def test_multipart_lfs_upload(hub, tmp_path):
+    hub.multipart_threshold, hub.chunk_size = 1 << 16, 1 << 16  # the weights go up in 64 KiB parts
+    folder = tiny_checkpoint(tmp_path / "ckpt")
+    done = client(hub, tmp_path, f"""
+        from pape_hub.hub import push_checkpoint
+        push_checkpoint("{folder}", "org/multi")
+    """ + LOAD_BACK.format(folder=folder, repo="org/multi"))
+    assert done.stdout.strip().endswith("[true, true]"), done.stderr[-3000:]
+    assert sum("/part/" in r for r in hub.requests) > 2
+
+
+def test_repush_makes_a_new_commit_and_deletes_nothing_and_offline_cache_loads(hub, tmp_path):
+    first = tiny_checkpoint(tmp_path / "v1", seed=0)
+    (first / "extra_plot.png").write_bytes(b"\x89PNG fake")
+    second = tiny_checkpoint(tmp_path / "v2", seed=1)
+    done = client(hub, tmp_path, f"""
+        from pape_hub.hub import push_checkpoint
+        push_checkpoint("{first}", "org/evolving")
+        push_checkpoint("{second}", "org/evolving")
+        import json, torch, timm, pape_hub
+        model = timm.create_model("hf-hub:org/evolving", pretrained=True)  # fills the cache
+        print("filled")
+    """)
+    assert done.stdout.strip().endswith("filled"), done.stderr[-3000:]
+    assert len(hub.history("org/evolving", None)) == 2
+    assert "extra_plot.png" in hub.files("org/evolving")  # pushed by the first commit, kept by the second
+    offline = client(hub, tmp_path, f"""
+        import torch, timm, pape_hub
+        from transformers import AutoModelForImageClassification
+        local = timm.create_model("local-dir:{second}", pretrained=True).eval()
+        cached = timm.create_model("hf-hub:org/evolving", pretrained=True).eval()
+        x = torch.randn(1, 3, 32, 32)
+        with torch.no_grad():
+            print(torch.equal(cached(x), local(x)))
+    """, HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9")  # nothing answers there
+    assert offline.stdout.strip().endswith("True"), offline.stderr[-3000:]
+
+
+def test_writes_need_the_token_and_private_repos_hide(hub, tmp_path):
+    folder = tiny_checkpoint(tmp_path / "ckpt")
+    done = client(hub, tmp_path, f"""
+        from pape_hub.hub import push_checkpoint
+        try:
+            push_checkpoint("{folder}", "org/nope")
+        except PermissionError as err:
+            print("refused:", err)
+    """, token=False)
+    assert "refused: pushing to org/nope needs a Hugging Face token" in done.stdout, done.stderr[-2000:]
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"{hub.url}/api/repos/create", data=b'{"name": "x", "organization": "org"}',
+                                     method="POST", headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request)
+    assert err.value.code == 401 and err.value.headers["X-Error-Code"] == "Unauthorized"
+    assert not hub.repo_exists("org/x") and not hub.repo_exists("org/nope")
+    hub.create_repo("org/secret", private=True)
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"{hub.url}/api/models/org/secret")
+    assert err.value.code == 401
+
+
+def test_interrupted_push_leaves_the_old_commit_and_a_retry_succeeds(hub, tmp_path):
+    first, second = tiny_checkpoint(tmp_path / "v1", seed=0), tiny_checkpoint(tmp_path / "v2", seed=1)
+    done = client(hub, tmp_path, f"""
+        from pape_hub.hub import push_checkpoint
+        push_checkpoint("{first}", "org/safe")
+        print("first pushed")
+    """)
+    assert "first pushed" in done.stdout, done.stderr[-2000:]
+    head = hub.head("org/safe")
+    for hook in ("fail_uploads", "fail_commits"):  # dropped during the LFS upload, then during the commit
+        setattr(hub, hook, 100)  # huggingface_hub retries; every try fails
+        failed = client(hub, tmp_path, f"""
+            from pape_hub.hub import push_checkpoint
+            try:
+                push_checkpoint("{second}", "org/safe")
+            except Exception as err:
+                print("failed:", type(err).__name__)
+        """, HF_HUB_DOWNLOAD_TIMEOUT="5", HF_HUB_ETAG_TIMEOUT="5")
+        setattr(hub, hook, 0)
+        assert "failed:" in failed.stdout, failed.stdout + failed.stderr[-2000:]
+        assert hub.head("org/safe") == head  # the old commit, whole
+    retry = client(hub, tmp_path, f"""
+        from pape_hub.hub import push_checkpoint
+        push_checkpoint("{second}", "org/safe")
+    """ + LOAD_BACK.format(folder=second, repo="org/safe"))
+    assert retry.stdout.strip().endswith("[true, true]"), retry.stderr[-3000:]
+    assert len(hub.history("org/safe", None)) == 2
+
+
+def test_push_input_errors_are_named(hub, tmp_path):
+    folder = tiny_checkpoint(tmp_path / "ckpt")
+    (tmp_path / "empty").mkdir()
+    broken = tiny_checkpoint(tmp_path / "broken")
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    done = client(hub, tmp_path, f"""
+        from pape_hub.cli import main
+        main(["push", "{folder}", "--repo-id", "org/a/b"])
+        main(["push", "{folder}", "--repo-id", "org/bad name"])
+        main(["push", "{tmp_path / 'empty'}", "--repo-id", "org/x"])
+        main(["push", "{broken}", "--repo-id", "org/x"])
+    """)
+    lines = done.stderr.strip().splitlines()
+    assert "repo id 'org/a/b' is malformed: expected 'namespace/name'" in lines[0]
+    assert "repo id 'org/bad name' is malformed" in lines[1]
+    assert "is not a pape_hub checkpoint: config.json is missing" in lines[2]
+    assert "model.safetensors is corrupt or not a safetensors file" in lines[3]
+    assert not hub.repo_exists("org/x")
+
+
+def test_training_checks_the_push_target_before_the_first_step(hub, tmp_path):
+    done = client(hub, tmp_path, f"""
+        from pape_hub.cli import main
+        rc = main(["train", "--model", "vit_t4_pape", "--model-kwargs", {TINY!r}, "--epochs", "1",
+                   "--train-size", "64", "--eval-size", "32", "--batch-size", "32", "--quiet",
+                   "--output-dir", "{tmp_path / 'run'}", "--push-to-hub", "org/arrows-pape"])
+        print("rc", rc)
+    """, token=False)
+    assert "needs a Hugging Face token" in done.stderr and "rc 1" in done.stdout
+    assert not (tmp_path / "run").exists()  # refused before any work
+    done = client(hub, tmp_path, f"""
         from pape_hub.cli import main
         assert main(["train", "--model", "vit_t4_pape", "--model-kwargs", {TINY!r}, "--epochs", "1",
                      "--train-size", "64", "--eval-size", "32", "--batch-size", "32", "--quiet",
-                     "--output-dir", {str(tmp_path / "run")!r}, "--push-to-hub", "org/arrows-pape"]) == 0
-        local = timm.create_model("local-dir:{tmp_path / 'run' / 'best'}", pretrained=True).eval()
-        hub_model = timm.create_model("hf-hub:org/arrows-pape", pretrained=True).eval()
-        x = torch.randn(2, 3, 48, 48)
-        with torch.no_grad():
-            assert torch.equal(local(x), hub_model(x))
-        print("ok", hub_model.pos_encoding.name)
-    """)
-    assert done.stdout.strip().endswith("ok pape"), done.stderr[-3000:]
-    repo = hub.repos["org/arrows-pape"]
-    assert {"config.json", "model.safetensors"} <= set(repo["files"])
+                     "--output-dir", "{tmp_path / 'run'}", "--push-to-hub", "org/arrows-pape"]) == 0
+    """ + LOAD_BACK.format(folder=tmp_path / "run" / "best", repo="org/arrows-pape").replace("3, 32, 32", "3, 48, 48"))
+    assert done.stdout.strip().endswith("[true, true]"), done.stderr[-3000:]
 
 
-def test_transformers_push_and_load_by_repo_id_from_both_faces(hub, tmp_path):
-    done = run_client(hub, tmp_path, """
+def test_pretrained_true_resolves_published_weights_only(hub, tmp_path):
+    import torch
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_t4_pape", embed_dim=32, depth=2, num_heads=2).eval()  # the table's args + tiny
+    folder = save_checkpoint(model, tmp_path / "published")
+    done = client(hub, tmp_path, f"""
         import torch, timm, pape_hub
-        from transformers import AutoModelForImageClassification
-        from pape_hub.hf import timm_to_transformers
-        model = timm.create_model("vit_t4_rope_mixed", embed_dim=32, depth=2, num_heads=2, num_classes=3).eval()
-        timm_to_transformers(model, ["a", "b", "c"]).push_to_hub("org/rm-tiny")
-        x = torch.randn(2, 3, 32, 32)
-        hf = AutoModelForImageClassification.from_pretrained("org/rm-tiny").eval()
-        via_timm = timm.create_model("hf-hub:org/rm-tiny", pretrained=True).eval()
-        with torch.no_grad():
-            assert torch.equal(hf(x).logits, model(x)) and torch.equal(via_timm(x), model(x))
-        print("ok")
-    """)
-    assert done.stdout.strip().endswith("ok"), done.stderr[-3000:]
-    assert "modeling_pape_vit.py" in hub.repos["org/rm-tiny"]["files"]
-
-
-def test_push_without_token_is_refused(hub, tmp_path):
-    done = run_client(hub, tmp_path, """
         from pape_hub.hub import push_checkpoint
+        push_checkpoint("{folder}", "pape-hub/vit_t4_pape")
         try:
-            push_checkpoint(".", "org/nope")
-        except Exception as err:
-            print("refused", type(err).__name__)
-    """, token=False)
-    assert "refused" in done.stdout, done.stderr[-2000:]
-    assert "org/nope" not in hub.repos
+            timm.create_model("vit_t4_rope", pretrained=True)
+        except ValueError as err:
+            print("unpublished:", err)
+        pape_hub.register_published_weights("vit_t4_pape", "pape-hub/vit_t4_pape")
+        assert timm.list_models("vit_t4_*", pretrained=True) == ["vit_t4_pape"]
+        loaded = timm.create_model("vit_t4_pape", pretrained=True, embed_dim=32, depth=2, num_heads=2).eval()
+        local = timm.create_model("local-dir:{folder}", pretrained=True).eval()
+        x = torch.randn(1, 3, 32, 32)
+        with torch.no_grad():
+            print("identical", torch.equal(loaded(x), local(x)))
+    """)
+    assert "unpublished: vit_t4_rope has no published weights (published: none yet)" in done.stdout, done.stderr
+    assert done.stdout.strip().endswith("identical True"), done.stderr[-3000:]
+
+
+def test_hub_serve_command_prints_the_endpoint(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "pape_hub_cli", "hub", "serve", "--port", "0", "--data-dir",
+                             str(tmp_path / "data"), "--token", "hf_secret"], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("local Hub serving") and "http://127.0.0.1:" in first
+        url = first.split(" at ")[-1].strip()
+        import urllib.request
+
+        request = urllib.request.Request(f"{url}/api/whoami-v2", headers={"Authorization": "Bearer hf_secret"})
+        assert json.loads(urllib.request.urlopen(request).read())["name"] == "local-user"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -12,7 +12,8 @@ from test_data import make_imagefolder
 from pape_hub.card import write_model_card
 from pape_hub.checkpoint import load_checkpoint
 from pape_hub.cli import main
-from pape_hub.evaluation import evaluate_checkpoint, shuffle_patches
+from pape_hub.data import ArrowConfig, arrow_statistics
+from pape_hub.evaluation import evaluate_checkpoint, shuffle_tiles
 from pape_hub.training import TrainConfig, train
 
 TINY_ARROW_MODEL = dict(patch_size=12, embed_dim=32, depth=2, num_heads=2, global_pool="avg", class_token=False)
@@ -47,7 +48,8 @@ def test_train_writes_checkpoints_and_results(tmp_path):
     assert "test" in results and 0 <= results["test"]["top1"] <= 1
     config = json.loads((run / "best" / "config.json").read_text())
     assert config["architecture"] == "vit_t4_pape" and config["label_names"] == ["up", "right", "down", "left"]
-    assert config["pape_hub"]["encoding"] == "pape" and config["pape_hub"]["dataset"]["train"]["grid"] == 4
+    assert config["position_encoding"] == "pape" and config["pape_hub"]["dataset"]["train"]["grid"] == 4
+    assert "encoding" not in config["pape_hub"]  # stated once, as position_encoding
     model, _ = load_checkpoint(run / "best")
     assert model.num_classes == 4
     # the same folder through the transformers face (and the normalisation the arrow images use)
@@ -58,7 +60,18 @@ def test_train_writes_checkpoints_and_results(tmp_path):
     with torch.no_grad():
         assert torch.equal(hf(x).logits, model.eval()(x))
     assert hf.config.id2label[0] == "up"
-    assert list(AutoImageProcessor.from_pretrained(run / "best").image_mean) == [0.5] * 3
+    mean, std = arrow_statistics(ArrowConfig())  # the arrow task's own statistics, recorded for both faces
+    assert AutoImageProcessor.from_pretrained(run / "best").image_mean == pytest.approx([mean] * 3, abs=1e-6)
+    assert model.pretrained_cfg["std"] == pytest.approx([std] * 3, abs=1e-6)
+
+
+def test_evaluation_reproduces_the_training_test_accuracy(tmp_path):
+    """The sweep at the training grid scores the same test images with the checkpoint's own normalisation."""
+    results = train(arrow_config(tmp_path, epochs=2, train_size=256))
+    sweep = evaluate_checkpoint(tmp_path / "run" / "best", "arrows", sizes=[4, 5], eval_size=64)
+    at_train_grid = [r for r in sweep["rows"] if r["size"] == 4 and not r.get("patch_shuffle")]
+    assert len(at_train_grid) == 1  # interpolation at the training grid would repeat the same numbers
+    assert at_train_grid[0]["top1"] == results["test"]["top1"] and at_train_grid[0]["count"] == 64
 
 
 def test_resume_continues_exactly(tmp_path):
@@ -105,30 +118,50 @@ def test_evaluate_sweep_and_patch_shuffle(tmp_path):
     train(arrow_config(tmp_path, epochs=1))
     result = evaluate_checkpoint(tmp_path / "run" / "best", "arrows", sizes=[4, 6], eval_size=32)
     sizes = {(r["size"], r["interpolation"], bool(r.get("patch_shuffle"))) for r in result["rows"]}
-    assert sizes == {(4, False, False), (4, True, False), (4, False, True), (6, False, False), (6, True, False),
-                     (6, False, True)}
+    assert sizes == {(4, False, False), (4, False, True), (6, False, False), (6, True, False)}
     assert result["encoding"] == "pape" and result["trained_at"] == 4
     card = write_model_card(tmp_path / "run" / "best", result, plot="plot.png").read_text()
     assert card.startswith("---\n") and "pipeline_tag: image-classification" in card
     top1 = next(r["top1"] for r in result["rows"] if r["size"] == 6 and not r["interpolation"])
-    assert f"{top1:.3f}" in card and "Patch-shuffle" in card and "vit_t4_pape" in card
+    assert f"{top1:.3f}" in card and "Patch-shuffle" in card and "`pape`" in card
 
 
 def test_shuffle_patches_permutes_tiles():
     images = torch.arange(2 * 1 * 4 * 4, dtype=torch.float32).reshape(2, 1, 4, 4)
-    out = shuffle_patches(images, 2, torch.Generator().manual_seed(0))
+    out = shuffle_tiles(images, (2, 2), torch.Generator().manual_seed(0))
     tiles = lambda t: sorted(t.unfold(1, 2, 2).unfold(2, 2, 2).reshape(-1, 4).tolist())  # noqa: E731
     for a, b in zip(images, out):
         assert tiles(a[0][None]) == tiles(b[0][None])
 
 
-def test_image_folder_training_with_augmentation(tmp_path):
-    make_imagefolder(tmp_path / "data", size=16)
-    cfg = TrainConfig(model="vit_t4_rope", model_kwargs=dict(embed_dim=32, depth=2, num_heads=2), epochs=1,
+def test_default_natural_image_recipe_trains(tmp_path):
+    """The default recipe (DeiT: random-resized crop, flip, jitter, RandAugment, Mixup/CutMix) on an image folder:
+    three epochs draw a few hundred RandAugment ops (the pinned Pillow accepts timm's posterize levels)."""
+    make_imagefolder(tmp_path / "data", size=16, per_class=12)
+    cfg = TrainConfig(model="vit_t4_rope", model_kwargs=dict(embed_dim=32, depth=2, num_heads=2), epochs=3,
                       dataset=f"imagefolder:{tmp_path / 'data'}", batch_size=4, output_dir=str(tmp_path / "img"),
-                      img_size=16, val_fraction=0.34, quiet=True)
+                      img_size=16, val_fraction=0.25, quiet=True)
+    assert cfg.augmentation()["randaugment"] == "rand-m9-mstd0.5-inc1" and cfg.augmentation()["mixup"] == 0.8
     results = train(cfg)
-    assert results["test"]["count"] == 12
+    assert results["test"]["count"] == 24
+    config = json.loads((tmp_path / "img" / "best" / "config.json").read_text())
+    assert config["pape_hub"]["dataset"]["spec"] == "imagefolder:data"  # no absolute path in the checkpoint
+    assert config["pape_hub"]["recipe"]["augmentation"] == "default"
+
+
+def test_grey_digits_train_without_augmentation(tmp_path):
+    cfg = TrainConfig(model="vit_t4_pape", model_kwargs=dict(embed_dim=32, depth=2, num_heads=2, patch_size=2,
+                                                               in_chans=1, global_pool="avg", class_token=False),
+                      dataset="digits", img_size=16, epochs=1, batch_size=64, aug="none",
+                      output_dir=str(tmp_path / "digits"), quiet=True)
+    aug = cfg.augmentation()
+    assert aug["crop_scale"] is None and aug["randaugment"] == "" and aug["mixup"] == 0
+    results = train(cfg)
+    assert results["test"]["count"] == 599
+    model, config = load_checkpoint(tmp_path / "digits" / "best")
+    assert model.patch_embed.proj.in_channels == 1 and len(config["pretrained_cfg"]["mean"]) == 1
+    sweep = evaluate_checkpoint(tmp_path / "digits" / "best", "digits", resolutions=[16, 24])
+    assert {r["size"] for r in sweep["rows"]} == {16, 24}
 
 
 def test_cli_train_and_eval(tmp_path, capsys):
@@ -144,7 +177,7 @@ def test_cli_train_and_eval(tmp_path, capsys):
 def test_bad_training_input(tmp_path):
     with pytest.raises(ValueError, match="unknown pape_hub model"):
         train(arrow_config(tmp_path, model="vit_x4_pape"))
-    with pytest.raises(ValueError, match="does not match the arrow images"):
+    with pytest.raises(ValueError, match="does not match the arrows images"):
         train(arrow_config(tmp_path, img_size=32))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         train(arrow_config(tmp_path, dataset=f"imagefolder:{tmp_path / 'none'}", img_size=48))

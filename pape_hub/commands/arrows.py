@@ -1,134 +1,170 @@
-"""``pape-hub arrows``: the main job. Train several encodings on the built-in arrow task, evaluate each on
-larger grids than it saw (with and without position interpolation, and with shuffled patches), and write a
-comparison table and plot.
+r"""``pape-hub arrows``: the main job. Train encodings on the built-in arrow task (LieRE section 5.2), evaluate
+each on larger grids than it saw (with and without position interpolation, and with shuffled patches), and write
+a table over seeds (mean +- std), a plot, and a checkpoint with a model card per encoding, pushed to a Hub and
+loaded back from it by repo id.
 
-Default: ape, rope_mixed, pape, liere8 on the easy setting (grid 4, cell 12 px = patch, 4 balanced arrows, no
-letters, no hard negatives), a ViT of width 96, depth 4, 4 heads with average pooling, 8 epochs of 16,384 images,
-two training processes with one thread each; evaluation on grids 4, 6 and 8. ``--full`` trains every encoding
-for twice as long; ``--paper`` uses the LieRE paper's harder setting (expect many more images to leave chance).
+Default: ape, rope_mixed, pape, pape_ri, liere8, alibi, seeds 0, 1, 2, on the easy setting (grid 4, cell 12 px =
+patch, 4 balanced arrows, no letters, no hard negatives), a ViT of width 96, depth 4, 4 heads with average pooling,
+5 epochs of 12,288 images, two single-thread worker processes; evaluation on grids 4, 6 and 8 (2,000 test images
+each). About 14 minutes on 2 CPU cores.
+
+Examples:
+    pape-hub arrows                                   # the main job (README table, results/arrows_main_job)
+    pape-hub arrows --full                            # every encoding, twice the schedule (results/arrows_full)
+    pape-hub arrows --encodings rope,rope_mixed --seeds 0 --results-dir none
+    pape-hub arrows --paper --epochs 40               # the LieRE paper's harder setting
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
+import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from ..card import write_model_card
-from ..encodings import list_encodings
-from ..evaluation import evaluate_checkpoint, plot_sweeps, write_json
-
-DEFAULT_ENCODINGS = ["ape", "rope_mixed", "pape", "liere8"]
+DEFAULT_ENCODINGS = ["ape", "rope_mixed", "pape", "pape_ri", "liere8", "alibi"]
 ARROW_MODEL = dict(embed_dim=96, depth=4, num_heads=4, global_pool="avg", class_token=False)
+SETTINGS = {
+    "default": dict(grid=4, cell=12, num_arrows=4, num_letters=0, hard_negatives=0),
+    "paper": dict(grid=9, cell=12, num_arrows=8, num_letters=5, hard_negatives=1),
+    # control: no distractor arrow next to the Y, so finding the answer needs distance but not direction
+    "isolated": dict(grid=4, cell=12, num_arrows=4, num_letters=0, hard_negatives=0, isolated=True),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--encodings", default=",".join(DEFAULT_ENCODINGS), help="comma-separated, or 'all'")
+    parser.add_argument("--encodings", default=",".join(DEFAULT_ENCODINGS),
+                        help="comma-separated, or 'all'; arguments in brackets, e.g. alibi[slope_scale=8]")
     parser.add_argument("--full", action="store_true", help="every encoding, twice the schedule")
     parser.add_argument("--paper", action="store_true", help="LieRE's setting: grid 9, 8 arrows, letters, hard negs")
-    parser.add_argument("--epochs", type=int, default=None, help="default 8 (16 with --full)")
-    parser.add_argument("--train-size", type=int, default=16384, help="images per epoch")
-    parser.add_argument("--eval-size", type=int, default=2000)
-    parser.add_argument("--eval-grids", default=None, help="default: train grid, +2, +4")
-    parser.add_argument("--seeds", default="0", help="comma-separated training seeds")
-    parser.add_argument("--jobs", type=int, default=2, help="training processes at once (one thread each)")
-    parser.add_argument("--output-dir", default="outputs/arrows")
+    parser.add_argument("--isolated", action="store_true",
+                        help="control setting: no distractor arrow next to the Y (direction is not needed)")
+    parser.add_argument("--epochs", type=int, default=None, help="default 5 (10 with --full)")
+    parser.add_argument("--train-size", type=int, default=12288, help="generated training images per epoch")
+    parser.add_argument("--eval-size", type=int, default=2000, help="test images per evaluation grid")
+    parser.add_argument("--eval-grids", default=None, help="comma-separated grids (default: train grid, +2, +4)")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes at once (one thread each)")
+    parser.add_argument("--output-dir", default="outputs/arrows", help="checkpoints and logs (replaced each run)")
+    parser.add_argument("--results-dir", default=None,
+                        help="where the table, JSON and plot go (default results/arrows_main_job, "
+                        "results/arrows_full with --full, results/arrows_paper with --paper; 'none' to skip)")
+    parser.add_argument("--hub", choices=["auto", "local", "real", "none"], default="auto",
+                        help="where the seed-0 checkpoints are pushed and loaded back from: 'auto' = the Hub your "
+                        "token points at if one is configured, else a Hub endpoint started on 127.0.0.1")
+    parser.add_argument("--hub-namespace", default="pape-hub", help="user or organisation of the pushed repos")
 
 
-def arrow_setting(args: argparse.Namespace) -> dict[str, int]:
-    if args.paper:
-        return dict(grid=9, cell=12, num_arrows=8, num_letters=5, hard_negatives=1)
-    return dict(grid=4, cell=12, num_arrows=4, num_letters=0, hard_negatives=0)
+def run_setting(args: argparse.Namespace) -> tuple[str, dict[str, int], int, Path | None]:
+    if args.paper and args.isolated:
+        raise ValueError("--paper and --isolated are different settings; choose one")
+    name = "paper" if args.paper else "isolated" if args.isolated else "default"
+    epochs = args.epochs or (10 if args.full else 5)
+    default_dir = "results/arrows_" + ("full" if args.full else "main_job" if name == "default" else name)
+    results = args.results_dir or default_dir
+    return name, SETTINGS[name], epochs, None if results == "none" else Path(results)
 
 
-def train_command(enc: str, seed: int, setting: dict[str, int], epochs: int, args: argparse.Namespace,
-                  out: Path) -> list[str]:
-    kwargs = dict(ARROW_MODEL, patch_size=setting["cell"])
-    return [
-        sys.executable, "-m", "pape_hub.cli", "train", "--model", f"vit_t4_{enc}", "--model-kwargs", json.dumps(kwargs),
-        "--dataset", "arrows", "--epochs", str(epochs), "--batch-size", "128", "--lr", "2e-3",
-        "--warmup-epochs", "1", "--label-smoothing", "0", "--drop-path", "0", "--weight-decay", "0.05",
-        "--train-size", str(args.train_size), "--eval-size", str(args.eval_size), "--seed", str(seed),
-        "--arrow-grid", str(setting["grid"]), "--arrow-cell", str(setting["cell"]),
-        "--arrow-arrows", str(setting["num_arrows"]), "--arrow-letters", str(setting["num_letters"]),
-        "--arrow-hard-negatives", str(setting["hard_negatives"]), "--threads", "1", "--quiet",
-        "--output-dir", str(out),
-    ]
+def model_name(encoding: str) -> str:
+    """The timm entry point the arrow model is built from (its size is overridden by ARROW_MODEL)."""
+    return f"vit_t4_{encoding}"
+
+
+def arrow_job(label: str, encoding: str, kwargs: dict[str, Any], seed: int, setting: dict[str, int], epochs: int,
+              args: argparse.Namespace, root: Path, grids: list[int]) -> dict[str, Any]:
+    model_kwargs = dict(ARROW_MODEL, patch_size=setting["cell"], **({"position_encoding_kwargs": kwargs} if kwargs
+                                                                     else {}))
+    folder = re.sub(r"[^\w.=-]+", "_", label).strip("_")
+    train = dict(model=model_name(encoding), model_kwargs=model_kwargs,
+                 dataset="arrows", output_dir=str(root / f"{folder}_seed{seed}"), epochs=epochs, batch_size=128,
+                 lr=2e-3, warmup_epochs=1, label_smoothing=0.0, drop_path=0.0, weight_decay=0.05,
+                 train_size=args.train_size, eval_size=args.eval_size, seed=seed, arrow=setting, quiet=True,
+                 overwrite=True)
+    return dict(encoding=label, train=train, sweep=dict(dataset="arrows", sizes=grids, eval_size=args.eval_size))
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..encodings import list_encodings
+    from ..experiment import aggregate, parse_encodings, run_jobs, summary_table, write_results
+    from ..provenance import provenance
+
     started = time.time()
-    encodings = list_encodings() if args.full or args.encodings == "all" else args.encodings.split(",")
-    epochs = args.epochs or (16 if args.full else 8)
+    setting_name, setting, epochs, results_dir = run_setting(args)
+    specs = parse_encodings("all" if args.full else args.encodings, list_encodings())
+    encodings = [label for label, _, _ in specs]
     seeds = [int(s) for s in args.seeds.split(",")]
-    setting = arrow_setting(args)
     grids = [int(g) for g in args.eval_grids.split(",")] if args.eval_grids else \
         [setting["grid"], setting["grid"] + 2, setting["grid"] + 4]
     root = Path(args.output_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    runs = [(enc, seed, root / f"{enc}_seed{seed}") for enc in encodings for seed in seeds]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    print(f"training {len(runs)} model(s) on the arrow task {setting}, {epochs} epochs x {args.train_size} images, "
-          f"{args.jobs} at a time", flush=True)
+    jobs = [arrow_job(label, enc, kwargs, seed, setting, epochs, args, root, grids) for label, enc, kwargs in specs
+            for seed in seeds]
+    hub = None
+    if args.hub != "none":
+        from ..hub import HubTarget
 
-    pending, active, failed = list(runs), [], []
-    while pending or active:
-        while pending and len(active) < args.jobs:
-            enc, seed, out = pending.pop(0)
-            log = open(root / f"{out.name}.log", "w")  # noqa: SIM115 - closed when the process ends
-            cmd = train_command(enc, seed, setting, epochs, args, out)
-            active.append((enc, seed, out, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
-        time.sleep(1)
-        for item in list(active):
-            enc, seed, out, proc, log = item
-            if proc.poll() is not None:
-                log.close()
-                active.remove(item)
-                status = "done" if proc.returncode == 0 else f"FAILED (see {root / (out.name + '.log')})"
-                if proc.returncode:
-                    failed.append(enc)
-                print(f"  {enc} seed {seed}: {status} after {time.time() - started:.0f}s", flush=True)
+        hub = HubTarget.resolve(args.hub, args.hub_namespace)  # token / endpoint problems surface before training
+    print(f"training {len(jobs)} model(s) on the arrow task ({setting_name} setting: {setting}), {epochs} epochs x "
+          f"{args.train_size} images, {args.jobs} at a time; logs in {root}/", flush=True)
 
-    results = []
-    for enc, seed, out in runs:
-        if not (out / "best").exists():
-            continue
-        res = evaluate_checkpoint(out / "best", "arrows", sizes=grids, eval_size=args.eval_size)
-        res["label"] = f"{enc}" if len(seeds) == 1 else f"{enc} s{seed}"
-        res["seed"] = seed
-        res["train"] = json.loads((out / "results.json").read_text())
-        results.append(res)
-        write_json(res, out / "eval.json")
-        plot_sweeps([res], out / "best" / "accuracy_vs_grid.png", title=f"{enc}, trained on grid {setting['grid']}")
-        write_model_card(out / "best", res, plot="accuracy_vs_grid.png")
+    def describe(result: dict[str, Any]) -> str:
+        top = next(r["top1"] for r in result["rows"] if r["size"] == grids[0] and not r["interpolation"]
+                   and not r.get("patch_shuffle"))
+        return f"best val {result['train']['best_val_top1']:.3f}, test grid {grids[0]} {top:.3f}"
 
-    table = summary_table(results, grids)
-    summary = dict(setting=setting, epochs=epochs, train_size=args.train_size, grids=grids, seeds=seeds,
-                   wall_s=round(time.time() - started), results=results)
-    write_json(summary, root / "summary.json")
-    (root / "summary.md").write_text(table + "\n")
-    plot_sweeps(results, root / "accuracy_vs_grid.png", title=f"arrow task, trained on grid {setting['grid']}")
-    print("\n" + table)
-    print(f"\nwall time {time.time() - started:.0f}s; outputs: {root}/summary.md, {root}/summary.json, "
-          f"{root}/accuracy_vs_grid.png, checkpoints (with model cards) in {root}/<encoding>_seed<k>/best")
+    results, failed = run_jobs(jobs, args.jobs, started, describe)
+    summary = dict(provenance=provenance("arrows", ["arrows", *sys.argv[2:]] if sys.argv[1:2] == ["arrows"]
+                                         else None),
+                   task=dict(setting=setting_name, **setting), model=dict(ARROW_MODEL, patch_size=setting["cell"]),
+                   recipe={k: v for k, v in jobs[0]["train"].items() if k not in ("output_dir", "seed", "model",
+                                                                                      "model_kwargs")},
+                   epochs=epochs, train_size=args.train_size, eval_size=args.eval_size, sizes=grids, unit="grid",
+                   seeds=seeds, encodings=encodings, failed=failed, aggregate=aggregate(results, grids), runs=results)
+    print("\n" + summary_table(summary))
+    if hub is not None and results:
+        cards_dir = Path("model_cards") if results_dir == Path("results/arrows_main_job") else None
+        summary["hub"] = publish(summary, hub, cards_dir)
+    summary["wall_s"] = round(time.time() - started)
+    if results_dir is not None:
+        write_results(summary, results_dir, title=f"arrow task ({setting_name}), trained on grid {grids[0]}, mean "
+                      f"and range over seeds {seeds}")
+        print(f"\nwrote {results_dir}/summary.json, summary.md, accuracy_vs_size.png")
+    print(f"wall time {time.time() - started:.0f}s; checkpoints (with model cards) in {root}/<encoding>_seed<k>/best")
     return 1 if failed else 0
 
 
-def summary_table(results: list[dict], grids: list[int]) -> str:
-    head = ["encoding", "best val"] + [f"grid {g}" for g in grids] + [f"grid {g} interp." for g in grids[1:]] + \
-        [f"grid {grids[0]} shuffled"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for res in results:
-        def acc(size: int, interp: bool = False, shuffle: bool = False, rows: list = res["rows"]) -> str:
-            hits = [r["top1"] for r in rows if r["size"] == size and r["interpolation"] == interp
-                    and bool(r.get("patch_shuffle")) == shuffle]
-            return f"{hits[0]:.3f}" if hits else "-"
+def publish(summary: dict[str, Any], hub: Any, cards_dir: Path | None) -> dict[str, Any]:
+    """Give each encoding's first-seed checkpoint its evaluation, plot and model card, push them, and load each back
+    by repo id from both faces (bit-identical logits to the local folder, checked in a fresh process). The cards
+    are also written to ``cards_dir`` (the repository's ``model_cards/``)."""
+    from ..card import PLOT_NAME, card_from_folder
+    from ..evaluation import plot_sweeps
 
-        cells = [res["label"], f"{res['train']['best_val_top1']:.3f}"] + [acc(g) for g in grids] + \
-            [acc(g, True) for g in grids[1:]] + [acc(grids[0], shuffle=True)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    first_seed = summary["seeds"][0]
+    items = []
+    for result in summary["runs"]:
+        if result["seed"] != first_seed:
+            continue
+        enc = result["encoding"]
+        checkpoint = Path(result["checkpoint"])
+        name = "vit-arrows-" + re.sub(r"[^A-Za-z0-9.]+", "-", enc).strip("-")
+        plot_sweeps([result], checkpoint / PLOT_NAME, title=f"{enc}, trained on grid {summary['sizes'][0]}")
+        card_inputs = dict(result, aggregate=summary["aggregate"].get(enc), seeds=summary["seeds"])
+        (checkpoint / "eval.json").write_text(json.dumps(card_inputs, indent=2))
+        card_from_folder(checkpoint, repo_id=f"{hub.namespace}/{name}")
+        if cards_dir is not None:
+            cards_dir.mkdir(parents=True, exist_ok=True)
+            (cards_dir / f"{name}.png").write_bytes((checkpoint / PLOT_NAME).read_bytes())
+            card_from_folder(checkpoint, repo_id=f"{hub.namespace}/{name}", path=cards_dir / f"{name}.md",
+                             plot=f"{name}.png")
+        items.append((checkpoint, f"{hub.namespace}/{name}"))
+    with hub.session():
+        repos = hub.publish(items)
+    for repo_id, check in repos.items():
+        print(f"  pushed {repo_id} ({check['url']}); loaded back by repo id: timm identical "
+              f"{check['timm_identical']}, transformers identical {check['transformers_identical']}", flush=True)
+    endpoint = "a Hub endpoint on 127.0.0.1 for the run" if hub.kind == "local" else hub.endpoint
+    return dict(kind=hub.kind, endpoint=endpoint, repos={r: {k: v for k, v in c.items() if k != "url"}
+                                                         for r, c in repos.items()})

@@ -1,4 +1,4 @@
-"""``pape-hub bench``: speed of every encoding against timm's own ViTs, measured in one process.
+r"""``pape-hub bench``: speed of every encoding against timm's own ViTs, measured in one process.
 
 For each size and resolution the baselines (timm's ``vit_{size}_patch16_224`` with learned APE, and timm's
 ``*_rope_224`` / ``*_rope_mixed_224``) and every pape_hub encoding are built once, then timed in interleaved
@@ -24,7 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ..encodings import list_encodings
-from ..evaluation import git_commit
+from ..provenance import git_commit, provenance
 
 TIMM_SIZE = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
 # (target, what it is compared with) per model key, whole-model inference time ratio; see issue "Speed"
@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
-    report: dict[str, Any] = dict(device=device_name, dtype=str(dtype), commit=git_commit(), torch=torch.__version__,
+    report: dict[str, Any] = dict(provenance=provenance("bench"), device=device_name, dtype=str(dtype),
+                                  commit=git_commit(), torch=torch.__version__,
                                   timm=timm.__version__, batch_size=args.batch_size, repeats=args.repeats, runs=[])
     failures = []
     print(f"device: {device_name}, dtype {dtype}, batch {args.batch_size}, {args.repeats} interleaved rounds",

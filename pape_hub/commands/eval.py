@@ -4,6 +4,7 @@ position interpolation, plus the patch-shuffle test; writes a results JSON and a
 Examples:
     pape-hub eval outputs/main/pape/best --dataset arrows --sizes 4,6,8 --output results.json
     pape-hub eval runs/vit_b16_pape/best --dataset imagefolder:/data/imagenet --resolutions 224,320,384,448
+    pape-hub eval outputs/motion_rope/best --dataset motion --clips 6x5,6x7,10x5
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="arrows", help="arrows | imagefolder:PATH | hf:NAME | cifar:PATH")
     parser.add_argument("--sizes", default=None, help="arrow task: comma-separated grid sizes, e.g. 4,6,8")
     parser.add_argument("--resolutions", default=None, help="images: comma-separated sizes, e.g. 224,384")
+    parser.add_argument("--clips", default=None, help="video: comma-separated FRAMESxSIZE, e.g. 6x5,6x7,10x5 "
+                        "(motion task: size in cells) or 16x224,32x224 (video folders: pixels)")
     parser.add_argument("--interpolation", choices=["both", "on", "off"], default="both")
     parser.add_argument("--split", choices=["test", "val"], default="test")
     parser.add_argument("--eval-size", type=int, default=2000, help="arrow task: samples per grid size")
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--no-patch-shuffle", action="store_true")
+    parser.add_argument("--patch-shuffle", choices=["trained", "all", "none"], default="trained",
+                        help="score shuffled patches at the training size, at every size, or not at all")
     parser.add_argument("--output", default=None, help="results JSON (default CHECKPOINT/../eval.json)")
     parser.add_argument("--threads", type=int, default=None)
 
@@ -40,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     result = evaluate_checkpoint(args.checkpoint, args.dataset, sizes=ints(args.sizes),
                                  resolutions=ints(args.resolutions), interpolation=args.interpolation,
                                  split=args.split, batch_size=args.batch_size, eval_size=args.eval_size,
-                                 patch_shuffle=not args.no_patch_shuffle)
+                                 patch_shuffle={"trained": True, "all": "all", "none": False}[args.patch_shuffle],
+                                 clips=args.clips.split(",") if args.clips else None)
     output = Path(args.output) if args.output else Path(args.checkpoint).parent / "eval.json"
     write_json(result, output)
     plot_sweeps([result], output.with_suffix(".png"), title=f"{result['architecture']} ({result['encoding']})")

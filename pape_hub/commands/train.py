@@ -1,8 +1,12 @@
-"""``pape-hub train``: train any registered model on the arrow task or a real image dataset (accelerate).
+r"""``pape-hub train``: train any registered model on the arrow task or a real image dataset (accelerate).
 
 Examples:
     pape-hub train --model vit_t4_rope_mixed --model-kwargs '{"patch_size": 12, "embed_dim": 96, "depth": 4,
         "num_heads": 4, "global_pool": "avg", "class_token": false}' --dataset arrows --output-dir outputs/rm
+    pape-hub train --model vit_t4_pape --dataset digits --img-size 16 --aug none \
+        --model-kwargs '{"patch_size": 2, "in_chans": 1}' --output-dir outputs/digits_pape
+    pape-hub train --model vivit_t16_rope --dataset motion --model-kwargs '{"tubelet_size": [2, 8, 8],
+        "embed_dim": 96, "depth": 4, "num_heads": 4}' --train-size 4096 --output-dir outputs/motion_rope
     accelerate launch scripts/train.py --model vit_s16_pape --dataset imagefolder:/data/imagenet --epochs 300
 """
 
@@ -12,17 +16,21 @@ import argparse
 import json
 from dataclasses import fields
 
-from ..training import TrainConfig, train
+from ..data import DATASET_SPECS, ArrowConfig, MotionConfig
+from ..training import AUGMENTATION_PRESETS, TrainConfig, train
 
+MOTION_FLAGS = {"motion_frames": "frames", "motion_grid": "grid", "motion_cell": "cell",
+                "motion_distractors": "distractors", "motion_tubelet_frames": "tubelet_frames"}
 ARROW_FLAGS = {"arrow_grid": "grid", "arrow_cell": "cell", "arrow_arrows": "num_arrows",
-               "arrow_letters": "num_letters", "arrow_hard_negatives": "hard_negatives"}
+               "arrow_letters": "num_letters", "arrow_hard_negatives": "hard_negatives", "arrow_isolated": "isolated"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     parser.add_argument("--model", default=d.model, help="a registered model name (pape_hub.list_pape_models())")
-    parser.add_argument("--model-kwargs", default="{}", help="JSON object of extra model constructor arguments")
-    parser.add_argument("--dataset", default=d.dataset, help="arrows | imagefolder:PATH | hf:NAME | cifar:PATH")
+    parser.add_argument("--model-kwargs", default="{}", help="JSON object of extra model constructor arguments "
+                        '(e.g. {"in_chans": 1} for grey images)')
+    parser.add_argument("--dataset", default=d.dataset, help=DATASET_SPECS)
     parser.add_argument("--output-dir", default=d.output_dir)
     parser.add_argument("--epochs", type=int, default=d.epochs)
     parser.add_argument("--batch-size", type=int, default=d.batch_size)
@@ -32,14 +40,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-epochs", type=float, default=d.warmup_epochs)
     parser.add_argument("--label-smoothing", type=float, default=d.label_smoothing)
     parser.add_argument("--drop-path", type=float, default=d.drop_path)
-    parser.add_argument("--mixup", type=float, default=d.mixup, help="Mixup alpha (natural images only)")
-    parser.add_argument("--cutmix", type=float, default=d.cutmix, help="CutMix alpha (natural images only)")
-    parser.add_argument("--randaugment", default=d.randaugment, help="timm auto_augment string, '' for none")
+    parser.add_argument("--aug", choices=list(AUGMENTATION_PRESETS), default=d.aug,
+                        help="augmentation preset for natural images; the flags below override its parts: "
+                        + "; ".join(f"{k}: {v}" for k, v in AUGMENTATION_PRESETS.items()))
+    parser.add_argument("--crop-scale", type=floats, default=None, metavar="MIN,MAX",
+                        help="random-resized-crop area range (default: the preset's)")
+    parser.add_argument("--hflip", type=float, default=None, help="horizontal flip probability (default: preset)")
+    parser.add_argument("--color-jitter", type=float, default=None, help="colour jitter strength (default: preset)")
+    parser.add_argument("--randaugment", default=None, help="timm auto_augment string, '' for none (default: preset)")
+    parser.add_argument("--mixup", type=float, default=None, help="Mixup alpha, 0 for none (default: preset)")
+    parser.add_argument("--cutmix", type=float, default=None, help="CutMix alpha, 0 for none (default: preset)")
+    parser.add_argument("--normalize", choices=["dataset", "model"], default=d.normalize,
+                        help="normalise pixels with the training split's mean/std or the model's pretrained_cfg")
     parser.add_argument("--grad-accum", type=int, default=d.grad_accum)
     parser.add_argument("--clip-grad", type=float, default=d.clip_grad, help="max grad norm, 0 to disable")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default=d.mixed_precision)
     parser.add_argument("--resume", default=None, help="an output dir (or its state/) to continue exactly")
+    parser.add_argument("--allow-changed-hparams", action="store_true",
+                        help="let --resume continue with hyper-parameters other than the saved run's")
+    parser.add_argument("--overwrite", action="store_true", help="replace what an earlier run left in --output-dir")
     parser.add_argument("--stop-after-epoch", type=int, default=None,
                         help="stop after this many epochs (the schedule still spans --epochs); --resume later")
     parser.add_argument("--push-to-hub", default=None, metavar="ORG/NAME", help="push the best checkpoint")
@@ -48,11 +68,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val-fraction", type=float, default=d.val_fraction)
     parser.add_argument("--train-size", type=int, default=d.train_size, help="arrow task: samples per epoch")
     parser.add_argument("--eval-size", type=int, default=d.eval_size, help="arrow task: val/test samples")
-    parser.add_argument("--arrow-grid", type=int, default=4)
-    parser.add_argument("--arrow-cell", type=int, default=12)
-    parser.add_argument("--arrow-arrows", type=int, default=4)
-    parser.add_argument("--arrow-letters", type=int, default=0)
-    parser.add_argument("--arrow-hard-negatives", type=int, default=0)
+    arrow = ArrowConfig()
+    parser.add_argument("--arrow-grid", type=int, default=arrow.grid, help="arrow task: cells per side")
+    parser.add_argument("--arrow-cell", type=int, default=arrow.cell, help="arrow task: cell size in pixels")
+    parser.add_argument("--arrow-arrows", type=int, default=arrow.num_arrows, help="arrow task: arrows per image")
+    parser.add_argument("--arrow-letters", type=int, default=arrow.num_letters, help="arrow task: distractor letters")
+    parser.add_argument("--arrow-hard-negatives", type=int, default=arrow.hard_negatives,
+                        help="arrow task: distractor arrows next to the Y")
+    parser.add_argument("--arrow-isolated", action="store_true",
+                        help="arrow task control: no distractor arrow next to the Y (direction not needed)")
+    motion = MotionConfig()
+    parser.add_argument("--motion-frames", type=int, default=motion.frames, help="motion task: frames per clip")
+    parser.add_argument("--motion-grid", type=int, default=motion.grid, help="motion task: cells per side")
+    parser.add_argument("--motion-cell", type=int, default=motion.cell, help="motion task: cell size in pixels")
+    parser.add_argument("--motion-distractors", type=int, default=motion.distractors,
+                        help="motion task: squares that stand still")
+    parser.add_argument("--motion-tubelet-frames", type=int, default=motion.tubelet_frames,
+                        help="motion task: frames per time step (the model's tubelet length)")
+    parser.add_argument("--num-frames", type=int, default=None,
+                        help="video folders: frames sampled per clip (default: the model's)")
     parser.add_argument("--image-column", default=d.image_column, help="hf datasets: image column")
     parser.add_argument("--label-column", default=d.label_column, help="hf datasets: label column")
     parser.add_argument("--log-with", default=None, help="accelerate tracker: tensorboard, wandb, ...")
@@ -60,17 +94,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true")
 
 
+def floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from err
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     try:
         model_kwargs = json.loads(args.model_kwargs)
     except json.JSONDecodeError as err:
-        raise SystemExit(f"--model-kwargs is not valid JSON: {err}") from err
+        raise ValueError(f"--model-kwargs is not valid JSON: {err}") from err
     if not isinstance(model_kwargs, dict):
-        raise SystemExit("--model-kwargs must be a JSON object")
+        raise ValueError("--model-kwargs must be a JSON object")
     names = {f.name for f in fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in names}
     values.update(model_kwargs=model_kwargs, clip_grad=args.clip_grad or None,
-                  arrow={field: getattr(args, flag) for flag, field in ARROW_FLAGS.items()})
+                  arrow={field: getattr(args, flag) for flag, field in ARROW_FLAGS.items()},
+                  motion={field: getattr(args, flag) for flag, field in MOTION_FLAGS.items()})
     return TrainConfig(**values)
 
 

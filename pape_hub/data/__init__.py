@@ -1,23 +1,51 @@
 """Datasets: the built-in arrow task and real image datasets, behind one ``--dataset`` spec.
 
-Specs: ``arrows`` (generated, no download), ``imagefolder:PATH``, ``hf:NAME`` (a Hugging Face dataset name or a
-``save_to_disk`` folder), ``cifar:PATH`` (the CIFAR-10/100 python pickles).
+Specs: ``arrows`` (generated, no download), ``digits`` (scikit-learn's bundled 8x8 handwritten digits, grey, no
+download), ``imagefolder:PATH``, ``hf:NAME`` (a Hugging Face dataset name or a ``save_to_disk`` folder),
+``cifar:PATH`` (the CIFAR-10/100 python pickles); video: ``motion`` (generated) and ``videofolder:PATH``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from torch.utils.data import Dataset
 
-from .arrows import ArrowConfig, ArrowDataset, paper_setting
-from .images import TransformedDataset, load_cifar, load_hf, load_imagefolder, stratified_split, subset
+from .arrows import ArrowConfig, ArrowDataset, arrow_statistics, paper_setting
+from .images import (
+    TransformedDataset,
+    channel_statistics,
+    load_cifar,
+    load_digits,
+    load_hf,
+    load_imagefolder,
+    stratified_split,
+    subset,
+)
+from .video import (
+    MotionConfig,
+    MotionDataset,
+    VideoTransform,
+    load_videofolder,
+    motion_statistics,
+    read_video,
+)
 
 __all__ = [
-    "ARROW_TEST_SEED", "ARROW_VAL_SEED", "ArrowConfig", "ArrowDataset", "DataBundle", "build_data", "paper_setting",
-    "TransformedDataset", "stratified_split",
+    "ARROW_TEST_SEED", "ARROW_VAL_SEED", "DATASET_SPECS", "VIDEO_SPECS", "ArrowConfig", "ArrowDataset", "DataBundle",
+    "MotionConfig", "MotionDataset", "TransformedDataset", "VideoTransform", "arrow_statistics", "build_data",
+    "channel_statistics", "describe_spec", "is_video_spec", "motion_statistics", "paper_setting", "read_video",
+    "stratified_split",
 ]
+
+DATASET_SPECS = "arrows | digits | imagefolder:PATH | hf:NAME | cifar:PATH | motion | videofolder:PATH"
+VIDEO_SPECS = ("motion", "videofolder")
+
+
+def is_video_spec(spec: str) -> bool:
+    return spec.partition(":")[0] in VIDEO_SPECS
 
 ARROW_VAL_SEED, ARROW_TEST_SEED = 1_000_003, 2_000_003  # fixed, whatever the training seed
 
@@ -28,37 +56,74 @@ class DataBundle:
     val: Dataset
     test: Dataset | None
     classes: list[str]
-    is_images: bool  # natural images: RandAugment / Mixup / CutMix apply (never for the arrow task)
+    is_images: bool  # natural images: RandAugment / Mixup / CutMix apply (never for the generated tasks or video)
     description: dict[str, Any] = field(default_factory=dict)
+    is_video: bool = False
+
+
+def describe_spec(spec: str) -> str:
+    """The spec as recorded in checkpoints and cards: a local path is reduced to its folder name (an absolute path
+    says nothing to another machine and may say too much about this one)."""
+    kind, _, arg = spec.partition(":")
+    if kind in ("imagefolder", "cifar", "videofolder") or (kind == "hf" and arg and Path(arg).exists()):
+        return f"{kind}:{Path(arg.rstrip('/')).name}"
+    return spec
 
 
 def build_data(spec: str, *, img_size: int, seed: int = 0, val_fraction: float = 0.1, train_size: int = 16384,
                eval_size: int = 2000, arrow_config: ArrowConfig | None = None, train_transform: Any = None,
-               eval_transform: Any = None, image_column: str = "image", label_column: str = "label") -> DataBundle:
+               eval_transform: Any = None, image_column: str = "image", label_column: str = "label",
+               channels: int = 3, normalize: str | tuple[float, float] | None = "auto",
+               motion_config: MotionConfig | None = None, num_frames: int = 16) -> DataBundle:
+    """The train / validation / test splits of ``spec``. Images are read with ``channels`` (1 or 3) channels;
+    ``normalize`` applies to the generated tasks only (their samples are tensors already; image and video datasets
+    normalise in their transforms). ``num_frames``: frames sampled from each clip of a video folder."""
     kind, _, arg = spec.partition(":")
+    if kind == "motion":
+        cfg = motion_config or MotionConfig()
+        if cfg.image_size != img_size:
+            raise ValueError(f"the motion task renders {cfg.image_size}px frames (grid {cfg.grid} x cell {cfg.cell}) "
+                             f"but the model takes {img_size}px; pass a matching motion grid/cell or --img-size")
+        make_clips = lambda n, s: MotionDataset(n, cfg, seed=s, normalize=normalize, channels=channels)  # noqa: E731
+        train = make_clips(train_size, seed)
+        return DataBundle(train, make_clips(eval_size, ARROW_VAL_SEED), make_clips(eval_size, ARROW_TEST_SEED),
+                          train.classes, False, dict(spec="motion", train=train.describe(), val_seed=ARROW_VAL_SEED,
+                                                     test_seed=ARROW_TEST_SEED), is_video=True)
+    if kind == "videofolder":
+        if not arg:
+            raise ValueError(f"dataset spec {spec!r} needs a path after the colon")
+        full, test, classes = load_videofolder(arg, num_frames)
+        train_idx, val_idx = stratified_split(full.labels, val_fraction, seed=0)
+        return DataBundle(subset(full.with_transform(train_transform, channels), train_idx),
+                          subset(full.with_transform(eval_transform, channels), val_idx),
+                          test.with_transform(eval_transform, channels) if test is not None else None, classes, False,
+                          dict(spec=describe_spec(spec), train=len(train_idx), val=len(val_idx),
+                               test=len(test) if test else 0, num_frames=num_frames), is_video=True)
     if kind == "arrows":
         cfg = arrow_config or ArrowConfig()
         if cfg.image_size != img_size:
             raise ValueError(f"the arrow task renders {cfg.image_size}px images (grid {cfg.grid} x cell {cfg.cell}) "
                              f"but the model takes {img_size}px; pass matching --img-size or arrow grid/cell")
-        train = ArrowDataset(train_size, cfg, seed=seed)
-        return DataBundle(train, ArrowDataset(eval_size, cfg, ARROW_VAL_SEED),
-                          ArrowDataset(eval_size, cfg, ARROW_TEST_SEED), train.classes, False,
-                          dict(train=train.describe(), val_seed=ARROW_VAL_SEED, test_seed=ARROW_TEST_SEED))
-    if kind == "imagefolder":
-        full, test, classes = load_imagefolder(arg)
-    elif kind == "hf":
-        full, test, classes = load_hf(arg, image_column=image_column, label_column=label_column)
-    elif kind == "cifar":
-        full, test, classes = load_cifar(arg)
+        make = lambda n, s: ArrowDataset(n, cfg, seed=s, normalize=normalize, channels=channels)  # noqa: E731
+        train = make(train_size, seed)
+        return DataBundle(train, make(eval_size, ARROW_VAL_SEED), make(eval_size, ARROW_TEST_SEED), train.classes,
+                          False, dict(spec="arrows", train=train.describe(), val_seed=ARROW_VAL_SEED,
+                                      test_seed=ARROW_TEST_SEED))
+    if kind == "digits":
+        full, test, classes = load_digits()
+    elif kind in ("imagefolder", "hf", "cifar"):
+        if not arg:
+            raise ValueError(f"dataset spec {spec!r} needs a path or name after the colon")
+        loaders = {"imagefolder": load_imagefolder, "cifar": load_cifar,
+                   "hf": lambda a: load_hf(a, image_column=image_column, label_column=label_column)}
+        full, test, classes = loaders[kind](arg)
     else:
-        raise ValueError(f"unknown dataset spec {spec!r}; use arrows, imagefolder:PATH, hf:NAME or cifar:PATH")
-    if not arg:
-        raise ValueError(f"dataset spec {spec!r} needs a path or name after the colon")
+        raise ValueError(f"unknown dataset spec {spec!r}; use {DATASET_SPECS}")
     train_idx, val_idx = stratified_split(full.labels, val_fraction, seed=0)
-    train = subset(full.with_transform(train_transform), train_idx)
-    val = subset(full.with_transform(eval_transform), val_idx)
-    test_ds = test.with_transform(eval_transform) if test is not None else None
+    train = subset(full.with_transform(train_transform, channels), train_idx)
+    val = subset(full.with_transform(eval_transform, channels), val_idx)
+    test_ds = test.with_transform(eval_transform, channels) if test is not None else None
     return DataBundle(train, val, test_ds, classes, True,
-                      dict(spec=spec, train=len(train_idx), val=len(val_idx), test=len(test) if test else 0))
+                      dict(spec=describe_spec(spec), train=len(train_idx), val=len(val_idx),
+                           test=len(test) if test else 0))
 

@@ -4,15 +4,23 @@ A ``grid x grid`` image of ``cell``-pixel cells, white glyphs on black. One ``Y`
 base (stem) pointing up, right, down or left; the *target* arrow sits in the neighbouring cell on the stem's
 side, and the label is the target arrow's direction (0 up, 1 right, 2 down, 3 left). Distractors: more arrows
 and upright letters A-E in other cells. LieRE section 5.2 does not say "neighbouring cell"; that is the reading
-taken here (as in ``shared/arrow_task_notes.md``).
+taken here.
 
 * Arrow directions are balanced in every image (``num_arrows`` is a multiple of 4, each direction equally often,
   target included), so counting arrows tells nothing and chance is exactly 25%.
 * ``hard_negatives`` distractor arrows go into the Y's *other* neighbour cells, so "the arrow next to the Y" is
-  ambiguous unless the Y's orientation is read.
+  ambiguous unless the Y's orientation is read. ``isolated=True`` is the opposite control: no distractor arrow
+  is ever next to the Y, so the answer is "the arrow adjacent to the Y" and direction is not needed; an encoding
+  without directionality (ALiBi, PaPE-RI) can solve this variant but not the default one, where another arrow
+  is often adjacent too.
 * Glyphs are drawn once with PIL lines at 4x and downsampled; an image is a few numpy copies of templates.
 * Sample ``i`` of a dataset with seed ``s`` depends only on (s, i): train, validation and test sets are disjoint
   seeds, and a larger-grid test set reuses the same generator with another ``grid``.
+
+* Pixels are normalised with the task's own mean and std (:func:`arrow_statistics`, about 0.044 / 0.171 for the
+  default setting: background -0.26, glyph +5.6), like any dataset normalised with its own statistics. An earlier
+  version mapped pixels to [-1, 1] (background at -1); with that input the rotary encodings sat at chance for the
+  whole default budget while they solve the task with the dataset's statistics.
 
 The defaults (grid 4, cell 12, 4 arrows, no letters, no hard negatives) are the setting in which a tiny ViT
 separates the encodings in minutes on 2 CPU cores; ``paper_setting()`` is the LieRE paper's (9x9 grid of 12 px
@@ -23,18 +31,20 @@ from __future__ import annotations
 
 import functools
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image, ImageDraw
 from torch.utils.data import Dataset
 
-__all__ = ["ArrowConfig", "ArrowDataset", "DIRECTIONS", "paper_setting", "render_glyphs"]
+__all__ = ["ArrowConfig", "ArrowDataset", "DIRECTIONS", "arrow_statistics", "paper_setting", "render_glyphs"]
 
 DIRECTIONS = ("up", "right", "down", "left")
 _STEP = {0: (-1, 0), 1: (0, 1), 2: (1, 0), 3: (0, -1)}  # (row, col) offset of each direction
 _LETTERS = "ABCDE"
 _SUPERSAMPLE = 4
+_STATISTICS_SEED, _STATISTICS_SAMPLES = 7_000_003, 2048
 
 
 @dataclass(frozen=True)
@@ -44,8 +54,11 @@ class ArrowConfig:
     num_arrows: int = 4
     num_letters: int = 0
     hard_negatives: int = 0
+    isolated: bool = False
 
     def __post_init__(self) -> None:
+        if self.isolated and self.hard_negatives:
+            raise ValueError("isolated (no distractor arrow next to the Y) contradicts hard_negatives > 0")
         if self.grid < 2:
             raise ValueError(f"arrow task grid must be at least 2, got {self.grid}")
         if self.num_arrows < 4 or self.num_arrows % 4:
@@ -101,16 +114,37 @@ def render_glyphs(cell: int) -> dict[str, np.ndarray]:
     return glyphs
 
 
-class ArrowDataset(Dataset):
-    """``length`` deterministic samples: (image float tensor (3, S, S) normalised to [-1, 1], label int)."""
+@functools.lru_cache(maxsize=32)
+def arrow_statistics(config: ArrowConfig) -> tuple[float, float]:
+    """(mean, std) of the pixels (scaled to [0, 1]) of 2,048 images of ``config`` from a fixed seed: the
+    normalisation a model trained on this setting uses, whatever its training seed."""
+    raw = ArrowDataset(_STATISTICS_SAMPLES, config, seed=_STATISTICS_SEED, normalize=None)
+    pixels = np.stack([raw.sample(i)[0] for i in range(len(raw))]).astype(np.float64) / 255.0
+    return float(pixels.mean()), float(pixels.std())
 
-    def __init__(self, length: int, config: ArrowConfig | None = None, seed: int = 0) -> None:
+
+class ArrowDataset(Dataset):
+    """``length`` deterministic samples: (image float tensor (C, S, S), label int).
+
+    ``normalize``: ``"auto"`` (default) uses :func:`arrow_statistics` of ``config``; a ``(mean, std)`` pair, each a
+    number or one number per channel, uses those (a checkpoint's, when a model trained on one setting is evaluated
+    on another); ``None`` gives [0, 1]. ``channels``: 3 (the grey image repeated, for RGB models) or 1.
+    """
+
+    def __init__(self, length: int, config: ArrowConfig | None = None, seed: int = 0,
+                 normalize: str | tuple[Any, Any] | None = "auto", channels: int = 3) -> None:
+        if channels not in (1, 3):
+            raise ValueError(f"arrow images have 1 or 3 channels, got {channels}")
         self.length = length
         self.config = config or ArrowConfig()
         self.seed = seed
+        self.channels = channels
         self.glyphs = render_glyphs(self.config.cell)
         self.classes = list(DIRECTIONS)
-
+        if normalize == "auto":
+            normalize = arrow_statistics(self.config)
+        self.normalize = None if normalize is None else tuple(
+            torch.tensor(v, dtype=torch.float32).reshape(-1, 1, 1) for v in normalize)  # (C or 1, 1, 1) each
     def __len__(self) -> int:
         return self.length
 
@@ -133,8 +167,13 @@ class ArrowDataset(Dataset):
         hard = [neighbours[i] for i in rng.permutation(len(neighbours))[: cfg.hard_negatives]]
         free = [(r, c) for r in range(g) for c in range(g) if (r, c) not in layout and (r, c) not in hard]
         free = [free[i] for i in rng.permutation(len(free))]
-        arrow_cells = hard + free[: cfg.num_arrows - 1 - len(hard)]
-        free = free[cfg.num_arrows - 1 - len(hard):]
+        if cfg.isolated:  # distractor arrows only away from the Y; its free neighbour cells may take letters
+            away = [cell for cell in free if cell not in neighbours]
+            arrow_cells = away[: cfg.num_arrows - 1]
+            free = [cell for cell in free if cell not in arrow_cells]
+        else:
+            arrow_cells = hard + free[: cfg.num_arrows - 1 - len(hard)]
+            free = free[cfg.num_arrows - 1 - len(hard):]
         for cell, direction in zip(arrow_cells, directions[1:]):
             layout[cell] = f"arrow{int(direction)}"
         for cell in free[: cfg.num_letters]:
@@ -146,8 +185,11 @@ class ArrowDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image, label, _ = self.sample(index)
-        x = torch.from_numpy(image).float().div_(127.5).sub_(1.0)  # [-1, 1]
-        return x.expand(3, -1, -1).contiguous(), label
+        x = torch.from_numpy(image).float().div_(255.0).expand(self.channels, -1, -1)
+        if self.normalize is not None:
+            mean, std = self.normalize
+            x = (x - mean) / std
+        return x.contiguous(), label
 
     def describe(self) -> dict:
         return dict(name="arrows", length=self.length, seed=self.seed, **asdict(self.config))

@@ -1,8 +1,10 @@
-"""Real image datasets: an ImageFolder tree, a Hugging Face ``datasets`` name, and the CIFAR python pickles.
+"""Real image datasets: an ImageFolder tree, a Hugging Face ``datasets`` name, the CIFAR python pickles and
+scikit-learn's bundled ``digits``.
 
 Every loader returns ``(train, test, classes)`` as lists of ``(PIL image or uint8 array, label)`` sources with
 a transform applied on access; the validation split is cut from ``train`` by :func:`stratified_split`, as the
-papers do (the official test split is only for the final number).
+papers do (the official test split is only for the final number). Labels are always ``0 .. len(classes) - 1``:
+loaders whose raw labels are strings or do not start at 0 map them (the class names keep the raw values).
 """
 
 from __future__ import annotations
@@ -16,16 +18,24 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset, Subset
 
-__all__ = ["TransformedDataset", "load_cifar", "load_hf", "load_imagefolder", "stratified_split"]
+__all__ = [
+    "TransformedDataset", "channel_statistics", "load_cifar", "load_digits", "load_hf", "load_imagefolder",
+    "stratified_split",
+]
+
+IMAGE_MODES = {1: "L", 3: "RGB"}
 
 
 class TransformedDataset(Dataset):
-    """(image, label) pairs from ``get(i)``, with ``transform`` applied to the image."""
+    """(image, label) pairs from ``get(i)``: the image converted to ``channels`` (1 = grey, 3 = RGB), then
+    ``transform`` applied."""
 
     def __init__(self, length: int, get: Callable[[int], tuple[Any, int]], classes: list[str],
-                 transform: Callable | None = None, labels: Sequence[int] | None = None) -> None:
+                 transform: Callable | None = None, labels: Sequence[int] | None = None, channels: int = 3) -> None:
+        if channels not in IMAGE_MODES:
+            raise ValueError(f"images can be read with 1 (grey) or 3 (RGB) channels, not {channels}")
         self.length, self.get, self.classes, self.transform = length, get, classes, transform
-        self.labels = labels
+        self.labels, self.channels = labels, channels
 
     def __len__(self) -> int:
         return self.length
@@ -34,11 +44,38 @@ class TransformedDataset(Dataset):
         image, label = self.get(index)
         if not isinstance(image, Image.Image):
             image = Image.fromarray(np.asarray(image))
-        image = image.convert("RGB")
+        image = image.convert(IMAGE_MODES[self.channels])
         return (self.transform(image) if self.transform else image), int(label)
 
-    def with_transform(self, transform: Callable | None) -> TransformedDataset:
-        return TransformedDataset(self.length, self.get, self.classes, transform, self.labels)
+    def with_transform(self, transform: Callable | None, channels: int | None = None) -> TransformedDataset:
+        return TransformedDataset(self.length, self.get, self.classes, transform, self.labels,
+                                  self.channels if channels is None else channels)
+
+
+def channel_statistics(dataset: Dataset, max_samples: int = 2048, seed: int = 0) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std over up to ``max_samples`` images of ``dataset`` (tensors (C, H, W), as its
+    transform gives them: scaled to [0, 1], not yet normalised), drawn with a fixed seed."""
+
+    n = len(dataset)
+    if n == 0:
+        raise ValueError("cannot compute normalisation statistics of an empty dataset")
+    order = np.random.default_rng(seed).permutation(n)[:max_samples]
+    total = total_sq = count = 0
+    for i in order:
+        x = dataset[int(i)][0].double().flatten(1)  # (C, H*W)
+        total = total + x.sum(1)
+        total_sq = total_sq + (x * x).sum(1)
+        count += x.shape[1]
+    mean = total / count
+    std = (total_sq / count - mean**2).clamp(min=0).sqrt().clamp(min=1e-3)
+    return [round(float(v), 6) for v in mean], [round(float(v), 6) for v in std]
+
+
+def index_labels(raw: Sequence[Any]) -> tuple[list[int], list[str]]:
+    """Raw labels (strings, or integers not starting at 0) -> (indices 0..K-1, class names sorted)."""
+    values = sorted(set(raw), key=lambda v: (isinstance(v, str), v))
+    index = {v: i for i, v in enumerate(values)}
+    return [index[v] for v in raw], [str(v) for v in values]
 
 
 def stratified_split(labels: Sequence[int], val_fraction: float, seed: int = 0) -> tuple[list[int], list[int]]:
@@ -103,13 +140,20 @@ def load_hf(name: str, image_column: str = "image", label_column: str = "label",
         if column not in columns:
             raise ValueError(f"dataset {name!r} has no column {column!r} (pass {flag}); columns: {columns}")
     feature = data[train_split].features[label_column]
-    classes = list(feature.names) if hasattr(feature, "names") else \
-        [str(c) for c in sorted(set(data[train_split][label_column]))]
+    if hasattr(feature, "names"):  # a ClassLabel column: already 0 .. K-1 with names
+        classes = list(feature.names)
+        to_index = None
+    else:  # strings or arbitrary integers: one mapping for every split, built from all of them
+        everything = [v for split in data.values() for v in split[label_column]]
+        _, classes = index_labels(everything)
+        position = {name: i for i, name in enumerate(classes)}
+        to_index = lambda v: position[str(v)]  # noqa: E731
 
     def wrap(split: str) -> TransformedDataset:
         ds = data[split]
-        return TransformedDataset(len(ds), lambda i: (ds[i][image_column], ds[i][label_column]), classes,
-                                  labels=ds[label_column])
+        raw = ds[label_column]
+        labels = list(raw) if to_index is None else [to_index(v) for v in raw]
+        return TransformedDataset(len(ds), lambda i: (ds[i][image_column], labels[i]), classes, labels=labels)
 
     return wrap(train_split), (wrap(test_split) if test_split in data else None), classes
 
@@ -147,3 +191,23 @@ def load_cifar(root: str | Path) -> tuple[TransformedDataset, TransformedDataset
     (xtr, ytr), (xte, yte) = read(train_files), read(test_files)
     return (TransformedDataset(len(ytr), lambda i: (xtr[i], ytr[i]), classes, labels=ytr),
             TransformedDataset(len(yte), lambda i: (xte[i], yte[i]), classes, labels=yte), classes)
+
+
+def load_digits(test_fraction: float = 1 / 3) -> tuple[TransformedDataset, TransformedDataset, list[str]]:
+    """scikit-learn's bundled handwritten digits (1,797 grey 8x8 images, 10 classes; no download).
+
+    The images' 17 grey levels (0-16) are scaled to 0-255. scikit-learn ships no split, so a fixed stratified
+    third (seed 0) is the test split."""
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    bunch = sklearn_digits()
+    images = np.round(bunch.images * (255.0 / 16.0)).astype(np.uint8)  # (N, 8, 8)
+    labels = [int(v) for v in bunch.target]
+    train_idx, test_idx = stratified_split(labels, test_fraction, seed=0)
+    classes = [str(c) for c in bunch.target_names]
+
+    def wrap(indices: list[int]) -> TransformedDataset:
+        return TransformedDataset(len(indices), lambda i: (images[indices[i]], labels[indices[i]]), classes,
+                                  labels=[labels[i] for i in indices], channels=1)
+
+    return wrap(train_idx), wrap(test_idx), classes

@@ -9,7 +9,24 @@ from torch import nn
 from .base import EncodingContext, PositionEncoding, TokenPositions
 from .registry import register_encoding
 
-__all__ = ["LearnedAbsolute", "NoPosition", "SinCos", "sincos_embedding"]
+__all__ = ["LearnedAbsolute", "NoPosition", "SinCos", "resample_table", "sincos_embedding"]
+
+
+def resample_table(table: torch.Tensor, new_grid: tuple[int, ...], old_grid: tuple[int, ...], num_prefix: int
+                   ) -> torch.Tensor:
+    """A learned (1, P + N, D) table at ``old_grid`` -> the same at ``new_grid``; prefix rows are kept as they are.
+
+    2-D: timm's bicubic ``resample_abs_pos_embed``. 3-D: trilinear over (t, h, w) (torch has no tricubic mode).
+    """
+    if tuple(new_grid) == tuple(old_grid):
+        return table
+    if len(old_grid) == 2:
+        return resample_abs_pos_embed(table, new_size=list(new_grid), old_size=list(old_grid),
+                                      num_prefix_tokens=num_prefix)
+    prefix, cells = table[:, :num_prefix], table[:, num_prefix:]
+    volume = cells.float().reshape(1, *old_grid, -1).movedim(-1, 1)  # (1, D, T, H, W)
+    volume = nn.functional.interpolate(volume, size=tuple(new_grid), mode="trilinear", align_corners=False)
+    return torch.cat([prefix, volume.movedim(1, -1).flatten(1, -2).to(table.dtype)], dim=1)
 
 
 @register_encoding("none")
@@ -24,13 +41,13 @@ class NoPosition(PositionEncoding):
 class LearnedAbsolute(PositionEncoding):
     """Learned absolute embedding (ViT/DeiT), one vector per training-grid cell and per prefix token.
 
-    Other grids bicubically resample the table (timm's ``resample_abs_pos_embed``): this is always an
-    interpolation, so the ``position interpolation`` option changes nothing for APE. 2-D grids only, as
-    ``resample_abs_pos_embed`` is 2-D. CLS has its own learned slot, as in timm's ViT.
+    Other grids resample the table: bicubically for images (timm's ``resample_abs_pos_embed``), trilinearly over
+    (t, h, w) for video (:func:`resample_table`). This is always an interpolation, so the ``position interpolation``
+    option changes nothing for APE. CLS has its own learned slot, as in timm's ViT.
     """
 
     mechanisms = ("tokens",)
-    supported_ndims = (2,)
+    supported_ndims = (2, 3)
     paper = "ViT (Dosovitskiy et al. 2020)"
 
     def __init__(self, ctx: EncodingContext, init_std: float = 0.02) -> None:
@@ -43,17 +60,11 @@ class LearnedAbsolute(PositionEncoding):
 
     def add_to_tokens(self, x: torch.Tensor, pos: TokenPositions) -> torch.Tensor:
         grid = self.require_grid(pos, "ape")
-        table = resample_abs_pos_embed(
-            self.pos_embed, new_size=list(grid), old_size=list(self.ctx.grid_size),
-            num_prefix_tokens=self.ctx.num_prefix_tokens,
-        )
+        table = resample_table(self.pos_embed, grid, self.ctx.grid_size, self.ctx.num_prefix_tokens)
         return x + table.to(x.dtype)
 
     def set_grid_size(self, grid_size: tuple[int, ...], old_grid_size: tuple[int, ...]) -> None:
-        resampled = resample_abs_pos_embed(
-            self.pos_embed.data, new_size=list(grid_size), old_size=list(old_grid_size),
-            num_prefix_tokens=self.ctx.num_prefix_tokens,
-        )
+        resampled = resample_table(self.pos_embed.data, grid_size, old_grid_size, self.ctx.num_prefix_tokens)
         self.pos_embed = nn.Parameter(resampled, requires_grad=self.pos_embed.requires_grad)
         super().set_grid_size(grid_size, old_grid_size)
 

@@ -16,7 +16,7 @@ import torch
 from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype, pad_prefix_bias
 from .registry import register_encoding
 
-__all__ = ["ALiBi", "LookHere", "alibi_slopes"]
+__all__ = ["ALiBi", "LookHere", "alibi_slopes", "assign_head_views", "head_slope", "split_heads"]
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -46,15 +46,20 @@ class ALiBi(PositionEncoding):
     """nD-ALiBi (CROMA's 2D-ALiBi): bias[h, i, j] = -slope_h * ||p_i - p_j||, ALiBi slopes per head.
 
     Translation and rotation invariant; no parameters. Other grids rebuild the bias (extrapolation).
+    ``slope_scale`` multiplies every slope (1, the default, is the paper's geometric sequence). With few heads the
+    sequence is shallow - 1/4 ... 1/256 for 4 heads, under one logit across a small grid - so locality is weak;
+    scaling is the usual remedy (cf. ALiBi slope scaling for other lengths).
     """
 
     mechanisms = ("bias",)
     fused = False
     paper = "2D-ALiBi (Fuller et al. 2023)"
 
-    def __init__(self, ctx: EncodingContext) -> None:
+    def __init__(self, ctx: EncodingContext, slope_scale: float = 1.0) -> None:
         super().__init__(ctx)
-        self.register_buffer("slopes", alibi_slopes(ctx.num_heads))
+        if not slope_scale > 0:
+            raise ValueError(f"alibi slope_scale must be positive, got {slope_scale}")
+        self.register_buffer("slopes", alibi_slopes(ctx.num_heads) * slope_scale)
 
     def bias(self, coords: torch.Tensor) -> torch.Tensor:
         """(N, p) -> (heads, N, N) for the patch tokens."""
@@ -97,29 +102,36 @@ _VIEWS.update({
 })
 
 
-def assign_head_views(head_directions: str, num_heads: int) -> list[str]:
-    """One view name per head from a LookHere ``head_directions`` string such as ``corners-triangles-none``.
+def split_heads(groups: list[str], num_heads: int) -> list[int]:
+    """Heads per direction group. With at least 4 heads per group every group gets 4 and the first group takes
+    the rest: 12 heads -> 4/4/4 (LH-90), 16 heads -> 8/4/4, the reference code's hard-coded splits. With fewer,
+    heads are spread as evenly as possible, earlier groups first (6 heads -> 2/2/2)."""
+    if num_heads >= 4 * len(groups):
+        return [num_heads - 4 * (len(groups) - 1)] + [4] * (len(groups) - 1)
+    return [num_heads // len(groups) + (i < num_heads % len(groups)) for i in range(len(groups))]
 
-    With at least 4 heads per directional group every directional group gets 4 heads (one per direction)
-    and ``none`` takes the rest, which is LookHere's 12-head LH-90 split (4/4/4). With fewer heads the
-    heads are split as evenly as possible, earlier groups first, each group taking its directions in order.
-    """
+
+def assign_head_views(head_directions: str, num_heads: int) -> list[tuple[str, int]]:
+    """One (view name, index within its group) per head from a LookHere ``head_directions`` string such as
+    ``corners-triangles-none``; a group's heads take its directions in order, cycling."""
     groups = head_directions.split("-")
     unknown = [g for g in groups if g not in _GROUPS]
     if unknown:
         raise ValueError(f"unknown LookHere head direction group(s) {unknown}; valid: {sorted(_GROUPS)}")
-    directional = [g for g in groups if g != "none"]
-    if num_heads >= 4 * len(directional) + ("none" in groups):
-        sizes = [4 if g != "none" else num_heads - 4 * len(directional) for g in groups]
-        if "none" not in groups:
-            sizes[-1] += num_heads - sum(sizes)
-    else:
-        sizes = [num_heads // len(groups) + (i < num_heads % len(groups)) for i in range(len(groups))]
     views = []
-    for group, size in zip(groups, sizes):
+    for group, size in zip(groups, split_heads(groups, num_heads)):
         directions = _GROUPS[group]
-        views += [directions[i % len(directions)] for i in range(size)]
+        views += [(directions[i % len(directions)], i) for i in range(size)]
     return views
+
+
+def head_slope(view: str, index_in_group: int) -> float:
+    """The reference code's head slopes, counted within each direction group: directional heads
+    2^-(1 + i // 4) (0.5 for a group's first 4 heads, 0.25 for the next 4, ...); ``none`` heads (plain 2D-ALiBi)
+    1/4, 1/16, 1/64, ..."""
+    if view == "none":
+        return 4.0 ** -(index_in_group + 1)
+    return 2.0 ** -(1 + index_in_group // 4)
 
 
 @register_encoding("lookhere")
@@ -128,9 +140,9 @@ class LookHere(PositionEncoding):
 
     bias[l, h, i, j] = -global_slope * layer_slope[l] * head_slope[h] * ||p_i - p_j|| inside the head's
     view, -inf outside. Defaults are LH-90 as copied by the PaPE code: global slope 2, layer slopes
-    linspace(1.5, 0.5, depth), heads ``corners-triangles-none``. Head slopes: directional heads
-    2^-(1 + k // 4) for the k-th directional head (0.5 for the first 4, 0.25 for the next 4), ``none`` heads
-    1/4, 1/16, 1/64, ... Distance is Euclidean. CLS row/column zero. Images only.
+    linspace(1.5, 0.5, depth), heads ``corners-triangles-none`` (see :func:`split_heads`). Head slopes follow
+    the reference code, per direction group (:func:`head_slope`): at 12 heads the corner and triangle heads all
+    get 0.5 and the ``none`` heads 1/4 ... 1/256. Distance is Euclidean. CLS row/column zero. Images only.
     """
 
     mechanisms = ("bias",)
@@ -146,16 +158,9 @@ class LookHere(PositionEncoding):
         layer_slopes: tuple[float, float] = (1.5, 0.5),
     ) -> None:
         super().__init__(ctx)
-        self.views = assign_head_views(head_directions, ctx.num_heads)
-        slopes, num_directional, num_none = [], 0, 0
-        for view in self.views:
-            if view == "none":
-                slopes.append(4.0 ** -(num_none + 1))
-                num_none += 1
-            else:
-                slopes.append(2.0 ** -(1 + num_directional // 4))
-                num_directional += 1
-        self.register_buffer("head_slopes", global_slope * torch.tensor(slopes))
+        heads = assign_head_views(head_directions, ctx.num_heads)
+        self.views = [view for view, _ in heads]
+        self.register_buffer("head_slopes", global_slope * torch.tensor([head_slope(v, i) for v, i in heads]))
         self.register_buffer("layer_slopes", torch.linspace(*layer_slopes, ctx.depth))
 
     def base_bias(self, coords: torch.Tensor) -> torch.Tensor:

@@ -15,8 +15,9 @@ Every encoding receives a :class:`TokenPositions`: the coordinates of the patch 
 axis order ``(x, y)`` for images (``x`` = column, grows to the right; ``y`` = row, grows downwards) and
 ``(x, y, t)`` for video, origin ``0`` at the first patch, tokens in row-major order (the order of
 ``PatchEmbed``'s flatten). Prefix tokens (CLS) come first in the sequence and have no coordinates; each
-encoding documents what it does with them. With position interpolation the coordinates are multiplied by
-``train grid / test grid`` per axis (PaPE appendix B); ``scale`` records that factor.
+encoding documents what it does with them. Video time steps are ``temporal_scale`` patches long (default 1). With
+position interpolation the coordinates are multiplied by ``train grid / test grid`` per axis (PaPE appendix B);
+``scale`` records the per-axis step (time unit x interpolation factor).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class TokenPositions:
     coords: torch.Tensor  # (N, p) float32, patch units, axis order (x, y[, t])
     num_prefix_tokens: int
     grid_size: tuple[int, ...] | None = None  # (H, W) / (T, H, W); None for free-form coordinates
-    scale: tuple[float, ...] | None = None  # per-axis interpolation factor, in coords' axis order
+    scale: tuple[float, ...] | None = None  # per-axis grid step (unit x interpolation factor), coords' axis order
 
     @property
     def ndim(self) -> int:
@@ -90,15 +91,24 @@ def grid_positions(
     interpolate: bool = False,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
+    axis_units: tuple[float, ...] | None = None,
 ) -> TokenPositions:
-    """Positions of a full patch grid, optionally interpolated back to the training grid's range."""
+    """Positions of a full patch grid, optionally interpolated back to the training grid's range.
+
+    ``axis_units`` (grid order, e.g. ``(temporal_scale, 1, 1)`` for video) is the length of one grid step on each
+    axis in units of a spatial patch; it and the interpolation factor make up :attr:`TokenPositions.scale`.
+    """
     # grid_size is (H, W) or (T, H, W); coordinate axes are reversed: (x, y) or (x, y, t)
     axes = [torch.arange(n, device=device, dtype=dtype) for n in grid_size]
     mesh = torch.meshgrid(*axes, indexing="ij")  # each (H, W) / (T, H, W), row-major like the patch flatten
     coords = torch.stack([m.reshape(-1) for m in reversed(mesh)], dim=-1)  # (N, p) = (x, y[, t])
-    scale = None
+    steps = [float(u) for u in reversed(axis_units)] if axis_units is not None else [1.0] * len(grid_size)
+    if len(steps) != len(grid_size):
+        raise ValueError(f"axis_units {axis_units} has {len(steps)} entries for a {len(grid_size)}-D grid")
     if interpolate and train_grid_size is not None and tuple(train_grid_size) != tuple(grid_size):
-        scale = tuple(float(t) / float(g) for t, g in zip(reversed(train_grid_size), reversed(grid_size)))
+        steps = [s * float(t) / float(g) for s, t, g in zip(steps, reversed(train_grid_size), reversed(grid_size))]
+    scale = None if all(s == 1.0 for s in steps) else tuple(steps)
+    if scale is not None:
         coords = coords * torch.tensor(scale, device=device, dtype=dtype)
     return TokenPositions(coords, num_prefix_tokens, tuple(grid_size), scale)
 
@@ -130,16 +140,22 @@ class PositionEncoding(nn.Module):
 
     def __init__(self, ctx: EncodingContext) -> None:
         super().__init__()
-        if ctx.ndim not in self.supported_ndims:
-            dims = ", ".join(f"{d}-D" for d in self.supported_ndims)
-            raise ValueError(
-                f"position encoding {self.name!r} is defined for {dims} inputs only, "
-                f"but the model has a {ctx.ndim}-D patch grid {tuple(ctx.grid_size)}"
-            )
+        self.check_ndim(self.name or type(self).__name__, ctx)
         if ctx.dim % ctx.num_heads:
             raise ValueError(f"embed dim {ctx.dim} is not divisible by num_heads {ctx.num_heads}")
         self.ctx = ctx
         self._cache: dict[Any, Any] = {}
+
+    @classmethod
+    def check_ndim(cls, name: str, ctx: EncodingContext) -> None:
+        """Refuse a grid whose dimensionality the method is not defined for, naming both."""
+        if ctx.ndim not in cls.supported_ndims:
+            kinds = {1: "sequences", 2: "images", 3: "videos"}
+            dims = ", ".join(f"{d}-D ({kinds[d]})" for d in cls.supported_ndims)
+            raise ValueError(
+                f"position encoding {name!r} is defined for {dims} inputs only, "
+                f"but the model has a {ctx.ndim}-D patch grid {tuple(ctx.grid_size)}"
+            )
 
     # --- the three hooks -------------------------------------------------------------------------
     def add_to_tokens(self, x: torch.Tensor, pos: TokenPositions) -> torch.Tensor:

@@ -61,9 +61,20 @@ def quadratic_query_coefficients(quad: torch.Tensor, lin: torch.Tensor) -> torch
 
 
 class ParabolicEncoding(PositionEncoding):
-    """Shared machinery: positions, and appending the quadratic channels to q and k."""
+    """Shared machinery: positions, and appending the quadratic channels to q and k.
+
+    ``position_scale`` multiplies the positions (1, the default, keeps the reference's patch units; the
+    reference's ``normalize`` option is another rescaling). The quadratic term grows with its square, so it sets
+    how local attention is at initialisation.
+    """
 
     mechanisms = ("qk",)
+
+    def __init__(self, ctx: EncodingContext, position_scale: float = 1.0) -> None:
+        super().__init__(ctx)
+        if not position_scale > 0:
+            raise ValueError(f"{self.name or 'pape'} position_scale must be positive, got {position_scale}")
+        self.position_scale = float(position_scale)
 
     def token_positions(self, pos: TokenPositions) -> torch.Tensor:
         """(P+N, p) positions: patches at grid index + 1 (times the interpolation factor), prefix tokens one
@@ -72,7 +83,7 @@ class ParabolicEncoding(PositionEncoding):
         patches = pos.coords.to(step.dtype) + step
         first, last = patches.amin(0), patches.amax(0)
         prefix = (first - step).expand(pos.num_prefix_tokens, -1)
-        return torch.cat([prefix, patches]) - (first + last) / 2
+        return (torch.cat([prefix, patches]) - (first + last) / 2) * self.position_scale
 
     def prepare(self, pos: TokenPositions) -> torch.Tensor:
         return self.cached(pos.cache_key(), lambda: self.token_positions(pos))
@@ -100,13 +111,14 @@ class PaPE(ParabolicEncoding):
     Per layer: W_p (heads, m, p) ``position_proj``, W_a and W_b (d -> heads * m) ``curvature_proj`` and
     ``tilt_proj`` applied to the block's normed input (the reference uses one Linear d -> 2 heads m with the
     same parameters). Default m = 50, the paper's setting. Initialised like ``nn.Linear`` (uniform Kaiming),
-    as in the paper.
+    as in the paper. Weight decay: W_p is a function of position alone, so like every position parameter in this
+    package it gets none; W_a and W_b read the token content and are decayed like any other linear layer.
     """
 
     paper = "PaPE (Ohrstrom et al. 2026), eq. 9 via fused q/k augmentation"
 
-    def __init__(self, ctx: EncodingContext, num_parabolas: int = 50) -> None:
-        super().__init__(ctx)
+    def __init__(self, ctx: EncodingContext, num_parabolas: int = 50, position_scale: float = 1.0) -> None:
+        super().__init__(ctx, position_scale)
         self.num_parabolas = m = num_parabolas
         h, p, d = ctx.num_heads, ctx.ndim, ctx.dim
         self.position_proj = nn.Parameter(torch.empty(ctx.depth, h, m, p))
@@ -129,6 +141,9 @@ class PaPE(ParabolicEncoding):
         quad = torch.einsum("bhtm,hmu,hmv->bhtuv", a, w_p, w_p)  # W_p^T diag(a_i) W_p: (B, H, T, p, p)
         return quad, lin
 
+    def no_weight_decay(self) -> set[str]:
+        return {"position_proj"}
+
     def pairwise_scores(self, layer: int, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor,
                         pos: TokenPositions) -> torch.Tensor:
         """The paper's eq. 9 computed literally, (B, H, T, T), for tests: S_ij before the softmax scale."""
@@ -148,13 +163,14 @@ class PaPERI(ParabolicEncoding):
 
     The positional term is a_i w^2 ||r_j - r_i||^2, translation and rotation invariant. As in the reference
     code w is a fixed random per-head scale drawn from U(-sqrt(1/p), sqrt(1/p)) (a buffer); the paper leaves
-    open whether w is learned, and a learned w would only rescale the learned a.
+    open whether w is learned, and a learned w would only rescale the learned a. Its one parameter, the
+    curvature projection, reads token content and is weight-decayed like any linear layer.
     """
 
     paper = "PaPE-RI (Ohrstrom et al. 2026)"
 
-    def __init__(self, ctx: EncodingContext) -> None:
-        super().__init__(ctx)
+    def __init__(self, ctx: EncodingContext, position_scale: float = 1.0) -> None:
+        super().__init__(ctx, position_scale)
         d, h = ctx.dim, ctx.num_heads
         self.curvature_proj = nn.Parameter(torch.empty(ctx.depth, h, d))
         nn.init.uniform_(self.curvature_proj, -1 / math.sqrt(d), 1 / math.sqrt(d))

@@ -39,6 +39,7 @@ def encoding_class(name: str) -> tuple[type[PositionEncoding], dict[str, Any]]:
 def create_encoding(name: str, ctx: EncodingContext, **kwargs: Any) -> PositionEncoding:
     """Build encoding ``name`` for a model described by ``ctx``; kwargs override the registered defaults."""
     cls, defaults = encoding_class(name)
+    cls.check_ndim(name, ctx)
     params = inspect.signature(cls.__init__).parameters
     accepted = [p for p in params if p not in ("self", "ctx")]
     unknown = sorted(set(kwargs) - set(accepted))

@@ -95,28 +95,43 @@ class AxialRoPE(RotaryEncoding):
         return ang[None, None]  # (1, 1, N, hd/2)
 
 
+def random_orthonormal_directions(depth: int, heads: int, p: int) -> torch.Tensor:
+    """(depth, heads, p, p): per layer and head, p orthonormal directions (the columns) of p-D position space.
+
+    2-D: one random angle a, directions a and a + 90 deg (rope-vit's ``init_random_2d_freqs``). 3-D and up: the
+    columns of a random rotation (QR of a Gaussian matrix, signs fixed so it is Haar-distributed)."""
+    if p == 2:
+        angle = torch.rand(depth, heads) * 2 * math.pi
+        first = torch.stack([angle.cos(), angle.sin()], dim=-1)  # (depth, heads, 2)
+        second = torch.stack([(angle + math.pi / 2).cos(), (angle + math.pi / 2).sin()], dim=-1)
+        return torch.stack([first, second], dim=-1)
+    q, r = torch.linalg.qr(torch.randn(depth, heads, p, p))
+    return q * torch.diagonal(r, dim1=-2, dim2=-1).sign()[..., None, :]
+
+
 @register_encoding("rope_mixed")
 class RoPEMixed(RotaryEncoding):
-    """RoPE-Mixed (Heo et al. 2024): learned 2-D frequency vectors per layer, head and pair.
+    """RoPE-Mixed (Heo et al. 2024): learned p-D frequency vectors per layer, head and pair.
 
-    Phase = x * fx + y * fy. Init as rope-vit's ``init_random_2d_freqs``: magnitudes 1/theta^(4k/hd)
-    (theta 10), one random angle a per layer and head, half the pairs along a and half along a + 90 deg.
-    The parameter is named ``freqs`` and excluded from weight decay. The phase stays linear in (x, y), so
+    Phase = x * fx + y * fy (+ t * ft for video). Init as rope-vit's ``init_random_2d_freqs``: magnitudes
+    1/theta^(2pk/hd) (theta 10), per layer and head p orthonormal random directions, an equal share of the pairs
+    along each (images: a random angle a, half the pairs along a and half along a + 90 deg). The 3-D init (three
+    orthogonal directions of a random rotation) is this project's extension of that rule; rope-vit is 2-D only.
+    The parameter is named ``freqs`` and excluded from weight decay. The phase stays linear in the position, so
     scores remain relative.
     """
 
     paper = "RoPE-Mixed (Heo et al. 2024)"
-    supported_ndims = (2,)
+    supported_ndims = (2, 3)
     learned_phases = True
 
     def __init__(self, ctx: EncodingContext, theta: float = 10.0) -> None:
         super().__init__(ctx)
         self.theta = theta
-        mag = axial_frequencies(ctx.head_dim, 2, theta)  # (hd/4,)
-        angle = torch.rand(ctx.depth, ctx.num_heads, 1) * 2 * math.pi  # one random direction per layer/head
-        fx = torch.cat([mag * torch.cos(angle), mag * torch.cos(angle + math.pi / 2)], dim=-1)
-        fy = torch.cat([mag * torch.sin(angle), mag * torch.sin(angle + math.pi / 2)], dim=-1)
-        freqs = torch.stack([fx, fy], dim=2)  # (depth, heads, 2, hd/2 rounded down to a multiple of 2)
+        p = ctx.ndim
+        mag = axial_frequencies(ctx.head_dim, p, theta)  # (hd / 2p,)
+        directions = random_orthonormal_directions(ctx.depth, ctx.num_heads, p)  # (depth, heads, axis, group)
+        freqs = (directions[..., None] * mag).flatten(-2)  # (depth, heads, p, p * hd/2p): group g's pairs along g
         self.freqs = nn.Parameter(nn.functional.pad(freqs, (0, ctx.head_dim // 2 - freqs.shape[-1])))
 
     def phases(self, pos: TokenPositions) -> torch.Tensor:
@@ -133,18 +148,27 @@ class PolarRoPE(RotaryEncoding):
 
     Centre ((W-1)/2, (H-1)/2) (eq. 20), r = |(x', y')|, theta = atan2(y', x') in (-pi, pi] with y growing
     downwards (eq. 21). The first half of each head is rotated by r * w_j, the second half by
-    theta * w_j, w_j = 10000^(-2j / (hd/2)), j < hd/4 (eq. 23). CLS is not rotated. Images only.
+    theta * w_j, w_j = 10000^(-j / K), j < K = hd/4 (eq. 23). CLS is not rotated.
+
+    Video (this project's extension; the paper is 2-D): polar in space, axial in time. The pairs are split in
+    three groups of K = (hd/2) // 3, rotated by r * w_j, theta * w_j and t * w_j with the same w_j = 10000^(-j/K);
+    pairs left over stay unrotated. Scores depend on (r, theta) of both tokens (not only their difference, as
+    in the paper) and on the time offset alone.
     """
 
     paper = "Polar RoPE (Korea University 2025)"
-    supported_ndims = (2,)
+    supported_ndims = (2, 3)
 
     def __init__(self, ctx: EncodingContext, base: float = 10000.0) -> None:
         super().__init__(ctx)
-        if ctx.head_dim % 4:
+        if ctx.ndim == 2 and ctx.head_dim % 4:
             raise ValueError(f"polar_rope needs a head dim divisible by 4, got {ctx.head_dim}")
-        half = ctx.head_dim // 2
-        omega = 1.0 / base ** (torch.arange(0, half, 2, dtype=torch.float32) / half)  # (hd/4,)
+        groups = ctx.ndim  # r, theta (, t)
+        per_group = ctx.head_dim // 2 // groups
+        if per_group == 0:
+            raise ValueError(f"polar_rope needs a head dim of at least {2 * groups} for {ctx.ndim}-D, got "
+                             f"{ctx.head_dim}")
+        omega = 1.0 / base ** (torch.arange(per_group, dtype=torch.float32) / per_group)  # (K,)
         self.register_buffer("omega", omega)
 
     @staticmethod
@@ -155,7 +179,10 @@ class PolarRoPE(RotaryEncoding):
         return torch.hypot(x, y), torch.atan2(y, x)
 
     def phases(self, pos: TokenPositions) -> torch.Tensor:
-        r, theta = self.polar(pos.coords.to(compute_dtype(pos.coords)))
+        coords = pos.coords.to(compute_dtype(pos.coords))
+        r, theta = self.polar(coords[:, :2])
         omega = self.omega.to(r.dtype)
-        ang = torch.cat([r[:, None] * omega, theta[:, None] * omega], dim=-1)  # (N, hd/2)
-        return ang[None, None]
+        parts = [r, theta] + ([coords[:, 2]] if coords.shape[-1] == 3 else [])  # time is axial
+        ang = torch.cat([v[:, None] * omega for v in parts], dim=-1)  # (N, groups * K)
+        ang = nn.functional.pad(ang, (0, self.ctx.head_dim // 2 - ang.shape[-1]))
+        return ang[None, None]  # (1, 1, N, hd/2)

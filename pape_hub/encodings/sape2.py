@@ -13,6 +13,8 @@ Per layer, head and axis (eqs. 9-16; reference code in the paper's appendix D):
 The bias depends on content, so it is a (B, heads, N, N) tensor built every forward (not fused, like the
 method itself). npos defaults to the longest training-grid side + 1 (positions lie in [0, W]); larger
 grids clamp, as the reference does. The paper's code takes H == W; here rows and columns may differ.
+Video (this project's extension; the paper is 2-D): time is a third axis treated like the other two - gates and
+contextual positions along each temporal line, its own position-logit table, and a third distance term.
 The paper has no class token in this path: CLS gets a zero bias row and column and takes no part in gates.
 ``sape2_ape`` adds a learned absolute embedding (the paper's SaPE^2 + APE).
 """
@@ -57,7 +59,7 @@ class SaPE2(PositionEncoding):
 
     mechanisms = ("bias",)
     fused = False
-    supported_ndims = (2,)
+    supported_ndims = (2, 3)
     paper = "SaPE^2 (2025), key mode"
 
     def __init__(self, ctx: EncodingContext, mode: str = "key", num_positions: int | None = None,
@@ -67,8 +69,8 @@ class SaPE2(PositionEncoding):
             raise ValueError(f"SaPE2 mode must be 'key' or 'query', got {mode!r}")
         self.key_mode = mode == "key"
         self.num_positions = num_positions or max(ctx.grid_size) + 1
-        # (depth, axis x/y, head_dim, npos), shared by the heads of a layer as in the reference
-        self.pos_emb = nn.Parameter(torch.zeros(ctx.depth, 2, ctx.head_dim, self.num_positions))
+        # (depth, axis x/y(/t), head_dim, npos), shared by the heads of a layer as in the reference
+        self.pos_emb = nn.Parameter(torch.zeros(ctx.depth, ctx.ndim, ctx.head_dim, self.num_positions))
         trunc_normal_(self.pos_emb, std=0.02)
         self.absolute = LearnedAbsolute(ctx) if with_ape else None
         if with_ape:
@@ -78,22 +80,25 @@ class SaPE2(PositionEncoding):
         return self.absolute.add_to_tokens(x, pos) if self.absolute is not None else x
 
     def no_weight_decay(self) -> set[str]:
-        return {"absolute.pos_embed"} if self.absolute is not None else set()
+        """The position-logit tables (and APE's table) are position parameters: no weight decay."""
+        return {"pos_emb"} | ({"absolute.pos_embed"} if self.absolute is not None else set())
 
     def prepare(self, pos: TokenPositions) -> tuple[int, ...]:
         return self.require_grid(pos, "sape2")
 
     def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor:
-        rows, cols = state
-        p, scale = self.ctx.num_prefix_tokens, self.ctx.head_dim**-0.5
+        grid = tuple(state)  # (rows, cols) or (T, rows, cols)
+        p, scale, nd = self.ctx.num_prefix_tokens, self.ctx.head_dim**-0.5, len(grid)
         emb = self.pos_emb[layer].to(q.dtype)
-        q_grid = q[:, :, p:].unflatten(2, (rows, cols))  # (B, H, rows, cols, d)
-        k_grid = k[:, :, p:].unflatten(2, (rows, cols))
-        along_x = contextual_position_logits(q_grid, k_grid, emb[0], scale, self.key_mode)  # (B,H,rows,cols,cols)
-        along_y = contextual_position_logits(
-            q_grid.transpose(2, 3), k_grid.transpose(2, 3), emb[1], scale, self.key_mode
-        ).transpose(2, 3)  # (B, H, rows, cols, rows)
-        sape_x = along_x.flatten(2, 3)  # (B, H, N, cols)
-        sape_y = along_y.flatten(2, 3)  # (B, H, N, rows)
-        bias = torch.cdist(sape_x, sape_x) + torch.cdist(sape_y, sape_y)  # (B, H, N, N)
+        q_grid = q[:, :, p:].unflatten(2, grid)  # (B, H, *grid, d)
+        k_grid = k[:, :, p:].unflatten(2, grid)
+        bias = None
+        for coord_axis in range(nd):  # x (along rows), y (along columns), t: coordinate order
+            axis = 2 + nd - 1 - coord_axis  # its dimension in (B, H, *grid, d)
+            last = 1 + nd  # the grid dimension next to d
+            along = contextual_position_logits(q_grid.movedim(axis, last), k_grid.movedim(axis, last),
+                                               emb[coord_axis], scale, self.key_mode)  # (B, H, *others, L, L)
+            sape = along.movedim(-2, axis).flatten(2, 1 + nd)  # (B, H, N, L): query order restored
+            distance = torch.cdist(sape, sape)  # (B, H, N, N)
+            bias = distance if bias is None else bias + distance
         return pad_prefix_bias(bias * scale, p)  # eq. 16 divides the bias by sqrt(d) too

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from transformers import PreTrainedConfig
+
+__all__ = ["CONFIG_CLASSES", "PapeViTConfig", "check_config_agreement"]
 
 
 class PapeViTConfig(PreTrainedConfig):
@@ -68,6 +71,16 @@ class PapeViTConfig(PreTrainedConfig):
         )
 
     @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> PapeViTConfig:
+        """transformers' loader; a ``config.json`` whose timm fields describe another model is refused first."""
+        check_config_agreement(config_dict, config_class=cls)
+        return super().from_dict(config_dict, **kwargs)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {name for klass in cls.__mro__ for name in getattr(klass, "__annotations__", {})}
+
+    @classmethod
     def from_core_kwargs(cls, kwargs: dict[str, Any], **extra: Any) -> PapeViTConfig:
         """The inverse of :meth:`core_kwargs` (timm model arguments -> configuration)."""
         img = kwargs.get("img_size", 224)
@@ -85,3 +98,46 @@ class PapeViTConfig(PreTrainedConfig):
             hidden_dropout_prob=kwargs.get("proj_drop_rate", 0.0), attention_probs_dropout_prob=kwargs.get(
                 "attn_drop_rate", 0.0), drop_path_rate=kwargs.get("drop_path_rate", 0.0), **extra,
         )
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        a = list(a) if isinstance(a, (list, tuple)) else [a, a]  # img_size: 32 == [32, 32]
+        b = list(b) if isinstance(b, (list, tuple)) else [b, b]
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-9)
+    return (a or None) == (b or None) if isinstance(a, dict) or isinstance(b, dict) else a == b
+
+
+def config_disagreements(config: dict[str, Any], config_class: type[PapeViTConfig] | None = None) -> list[str]:
+    """Where a saved ``config.json``'s timm fields (``model_args``, ``architecture``) describe another model than its
+    transformers fields. One folder serves both faces, which read different fields; the transformers fields are the
+    source of truth and the timm fields are written from them, so any difference is a hand edit or a foreign file."""
+    args = config.get("model_args")
+    if not isinstance(args, dict) or "position_encoding" not in config:
+        return []
+    config_class = config_class or CONFIG_CLASSES.get(config.get("model_type"), PapeViTConfig)
+    names = config_class.field_names() & set(config)
+    expected = config_class(**{k: config[k] for k in names}).core_kwargs(args.get("num_classes", 0))
+    problems = [f"model_args.{key} = {args[key]!r}, but the transformers fields give {value!r}"
+                for key, value in expected.items() if key in args and key != "num_classes" and not _same(args[key],
+                                                                                                          value)]
+    architecture = config.get("architecture")
+    if architecture and not str(architecture).endswith(f"_{config['position_encoding']}"):
+        problems.append(f"architecture = {architecture!r} is not a {config['position_encoding']!r} model")
+    return problems
+
+
+def check_config_agreement(config: dict[str, Any], where: str = "config.json",
+                           config_class: type[PapeViTConfig] | None = None) -> None:
+    """Raise if :func:`config_disagreements` finds any: the two faces would build different models."""
+    problems = config_disagreements(config, config_class)
+    if problems:
+        raise ValueError(f"{where} disagrees with itself, so timm and transformers would build different models: "
+                         + "; ".join(problems) + ". Make the fields agree (the transformers fields, e.g. "
+                         "position_encoding, are the source of truth) or re-save the model.")
+
+
+#: model_type -> configuration class (the video configuration adds itself)
+CONFIG_CLASSES: dict[str, type[PapeViTConfig]] = {PapeViTConfig.model_type: PapeViTConfig}

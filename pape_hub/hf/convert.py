@@ -8,11 +8,20 @@ from typing import Any
 import timm
 
 from ..models.vit import VisionTransformer
+from ..models.vivit import VideoVisionTransformer
 from .configuration_pape_vit import PapeViTConfig
+from .configuration_pape_vivit import PapeViViTConfig
 from .image_processing_pape_vit import PapeViTImageProcessor
 from .modeling_pape_vit import PapeViTForImageClassification, PapeViTModel
+from .modeling_pape_vivit import PapeViViTForVideoClassification, PapeViViTModel
+from .video_processing_pape_vivit import PapeViViTVideoProcessor
 
-__all__ = ["config_from_timm", "image_processor_for", "timm_to_transformers", "transformers_to_timm"]
+__all__ = ["config_from_timm", "image_processor_for", "processor_for", "timm_to_transformers", "transformers_to_timm",
+           "video_processor_for"]
+
+
+def _is_video(model: VisionTransformer) -> bool:
+    return isinstance(model, VideoVisionTransformer)
 
 
 def config_from_timm(model: VisionTransformer, label_names: list[str] | None = None,
@@ -27,8 +36,11 @@ def config_from_timm(model: VisionTransformer, label_names: list[str] | None = N
 
     full = {**model_args_for(architecture), **args}
     full["img_size"] = list(model.patch_embed.img_size)
+    if _is_video(model):
+        full["num_frames"] = model.patch_embed.num_frames
     labels = label_names or [f"LABEL_{i}" for i in range(model.num_classes)]
-    return PapeViTConfig.from_core_kwargs(
+    config_class = PapeViViTConfig if _is_video(model) else PapeViTConfig
+    return config_class.from_core_kwargs(
         full, timm_architecture=architecture, id2label=dict(enumerate(labels)),
         label2id={name: i for i, name in enumerate(labels)},
         image_mean=list(image_mean or cfg.get("mean", (0.485, 0.456, 0.406))),
@@ -41,7 +53,10 @@ def timm_to_transformers(model: VisionTransformer, label_names: list[str] | None
     """A transformers model holding exactly the timm model's weights (``image_mean``/``image_std``: the
     normalisation it was trained with, default the timm model's ``pretrained_cfg``)."""
     config = config_from_timm(model, label_names, image_mean, image_std)
-    cls = PapeViTForImageClassification if head and model.num_classes else PapeViTModel
+    if _is_video(model):
+        cls = PapeViViTForVideoClassification if head and model.num_classes else PapeViViTModel
+    else:
+        cls = PapeViTForImageClassification if head and model.num_classes else PapeViTModel
     hf = cls(config)
     state = {k: v for k, v in model.state_dict().items() if head or not k.startswith("head.")}
     missing, unexpected = hf.vit.load_state_dict(state, strict=head)
@@ -58,6 +73,18 @@ def transformers_to_timm(model: PapeViTForImageClassification | PapeViTModel, **
     timm_model = timm.create_model(config.timm_name(), **args)
     timm_model.load_state_dict(model.vit.state_dict())
     return timm_model.train(model.training)
+
+
+def video_processor_for(config: PapeViViTConfig) -> PapeViViTVideoProcessor:
+    """Resize every frame to the model's resolution, rescale to [0, 1], normalise with the model's mean and std."""
+    size = config.image_size
+    return PapeViViTVideoProcessor(size={"height": size, "width": size}, image_mean=list(config.image_mean),
+                                   image_std=list(config.image_std))
+
+
+def processor_for(config: PapeViTConfig) -> PapeViTImageProcessor | PapeViViTVideoProcessor:
+    """The image processor of an image model, the video processor of a video model."""
+    return video_processor_for(config) if isinstance(config, PapeViViTConfig) else image_processor_for(config)
 
 
 def image_processor_for(config: PapeViTConfig) -> PapeViTImageProcessor:

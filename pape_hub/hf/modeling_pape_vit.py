@@ -32,7 +32,12 @@ AUTO_MAP = {
 
 
 class PapeViTPreTrainedModel(PreTrainedModel):
+    """Shared by the image (ViT) and video (ViViT) models; a subclass names its config, core model class, Auto
+    classes and input layout."""
+
     config_class = PapeViTConfig
+    core_class: type[VisionTransformer] = VisionTransformer
+    auto_map: dict[str, str] = AUTO_MAP
     base_model_prefix = "vit"
     main_input_name = "pixel_values"
     input_modalities = ("image",)
@@ -45,8 +50,26 @@ class PapeViTPreTrainedModel(PreTrainedModel):
         if isinstance(module, VisionTransformer) and module.cls_token is not None:
             nn.init.normal_(module.cls_token, std=1e-6)
 
+    def _adjust_missing_and_unexpected_keys(self, loading_info: Any) -> None:
+        """transformers would fill weights the file lacks with a fresh init and only print a table; here a file that
+        lacks (or has extra) weights of the encoding or backbone is refused. Only the head may be missing (a
+        backbone checkpoint loaded for classification) or left over (a classifier loaded as a backbone)."""
+        super()._adjust_missing_and_unexpected_keys(loading_info)
+        missing = sorted(k for k in loading_info.missing_keys if not k.startswith("vit.head."))
+        unexpected = sorted(k for k in loading_info.unexpected_keys if not k.startswith("vit.head."))
+        if missing or unexpected:
+            raise ValueError(
+                f"the weights file does not match this {self.config.position_encoding!r} model "
+                f"(hidden size {self.config.hidden_size}, {self.config.num_hidden_layers} layers): "
+                f"missing {missing[:6]}{' ...' if len(missing) > 6 else ''}, unexpected {unexpected[:6]}"
+                f"{' ...' if len(unexpected) > 6 else ''}. Is it a checkpoint of another encoding or size?")
+
     def _core(self, num_classes: int) -> VisionTransformer:
-        return VisionTransformer(**self.config.core_kwargs(num_classes))
+        return self.core_class(**self.config.core_kwargs(num_classes))
+
+    def _core_input(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """transformers' input layout -> the core model's (the same for images)."""
+        return pixel_values
 
     def _run(self, pixel_values: torch.Tensor, output_hidden_states: bool | None, output_attentions: bool | None,
              interpolate_pos_encoding: bool | None) -> tuple[torch.Tensor, tuple | None, tuple | None]:
@@ -64,7 +87,7 @@ class PapeViTPreTrainedModel(PreTrainedModel):
         if interpolate_pos_encoding is not None:
             vit.position_interpolation = interpolate_pos_encoding
         try:
-            tokens, pos = vit.embed(pixel_values)
+            tokens, pos = vit.embed(self._core_input(pixel_values))
             take = set(range(len(vit.blocks))) if output_hidden_states else None
             last, hidden, attentions = vit.run_blocks(tokens, pos, take=take, output_attentions=output_attentions)
         finally:
@@ -83,11 +106,13 @@ class PapeViTPreTrainedModel(PreTrainedModel):
         if kwargs.get("is_main_process", True) is False:
             return
         directory = Path(save_directory)
-        write_remote_code(directory)
+        write_remote_code(directory, entries=[v.split(".")[0] for v in self.auto_map.values()])
         path = directory / "config.json"
         config = json.loads(path.read_text())
-        config["auto_map"] = dict(AUTO_MAP)
-        config["image_processor_type"] = "PapeViTImageProcessor"
+        config["auto_map"] = dict(self.auto_map)
+        for auto, target in self.auto_map.items():  # AutoImageProcessor -> image_processor_type, likewise video
+            if auto.endswith("Processor"):
+                config[f"{auto[4:-9].lower()}_processor_type"] = target.split(".")[-1]
         config.update(timm_fields(self.config, self.vit))
         path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
@@ -99,6 +124,8 @@ def timm_fields(config: PapeViTConfig, vit: VisionTransformer) -> dict[str, Any]
     args["img_size"] = list(vit.patch_embed.img_size)
     architecture = config.timm_name()
     size = config.image_size
+    if hasattr(config, "num_frames"):
+        args["num_frames"] = vit.patch_embed.num_frames
     pretrained_cfg = dict(
         architecture=architecture, input_size=[config.num_channels, size, size], num_classes=num_classes,
         mean=list(config.image_mean), std=list(config.image_std), interpolation="bicubic", crop_pct=1.0,

@@ -15,8 +15,9 @@ from pathlib import Path
 
 __all__ = ["ENTRY_MODULES", "write_remote_code"]
 
-#: the files transformers is pointed at (``auto_map``), by their package module names
-ENTRY_MODULES = ("configuration_pape_vit", "modeling_pape_vit", "image_processing_pape_vit")
+#: the files transformers is pointed at (``auto_map``), by their package module names; they keep their short names
+ENTRY_MODULES = ("configuration_pape_vit", "modeling_pape_vit", "image_processing_pape_vit",
+                 "configuration_pape_vivit", "modeling_pape_vivit", "video_processing_pape_vivit")
 _RELATIVE = re.compile(r"^(\s*)from (\.+)([\w.]*) import ", flags=re.MULTILINE)
 
 
@@ -43,8 +44,10 @@ def _collect(module: str, seen: dict[str, str]) -> None:
         _collect(resolve(module, dots, target), seen)
 
 
-def write_remote_code(directory: str | Path) -> list[str]:
-    """Write the entry modules and their dependencies into ``directory``; returns the file names."""
+def write_remote_code(directory: str | Path, entries: list[str] | None = None) -> list[str]:
+    """Write the entry modules (default: the image model's) and their dependencies into ``directory``; returns
+    the file names."""
+    entries = list(entries or ENTRY_MODULES[:3])
     directory = Path(directory)
     here = __name__.rsplit(".", 1)[0]  # pape_hub.hf, or the flat module folder of a remote copy
     if "." not in __name__ or not __name__.startswith("pape_hub."):
@@ -56,7 +59,7 @@ def write_remote_code(directory: str | Path) -> list[str]:
                 names.append(file.name)
         return sorted(names)
     sources: dict[str, str] = {}
-    for entry in ENTRY_MODULES:
+    for entry in dict.fromkeys(entries):
         _collect(f"{here}.{entry}", sources)
     names = []
     for module, source in sources.items():

@@ -1,4 +1,12 @@
 from .vit import VisionTransformer
-from .zoo import MODEL_SIZES, PATCH_SETTINGS, list_pape_models, model_args_for
+from .zoo import (
+    MODEL_SIZES,
+    PATCH_SETTINGS,
+    PUBLISHED_WEIGHTS,
+    list_pape_models,
+    model_args_for,
+    register_published_weights,
+)
 
-__all__ = ["MODEL_SIZES", "PATCH_SETTINGS", "VisionTransformer", "list_pape_models", "model_args_for"]
+__all__ = ["MODEL_SIZES", "PATCH_SETTINGS", "PUBLISHED_WEIGHTS", "VisionTransformer", "list_pape_models",
+           "model_args_for", "register_published_weights"]

@@ -7,6 +7,7 @@ grid each input actually has, so any image size divisible by the patch size runs
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -62,6 +63,7 @@ class VisionTransformer(nn.Module):
         head_bias_init: float | None = None,
         act_layer: type[nn.Module] = nn.GELU,
         norm_layer: type[nn.Module] | None = None,
+        embed_layer: Callable[..., nn.Module] = PatchEmbed,
     ) -> None:
         super().__init__()
         if global_pool not in _POOL_TYPES:
@@ -69,7 +71,8 @@ class VisionTransformer(nn.Module):
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
         sizes = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-        if any(size % patch_size for size in sizes):
+        patches = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
+        if any(size % patch for size, patch in zip(sizes, patches)):
             raise ValueError(f"img_size {sizes} is not divisible by patch_size {patch_size}; the model's native grid "
                              "must be whole patches")
         norm_layer = norm_layer or partial(LayerNorm, eps=1e-6)
@@ -82,7 +85,8 @@ class VisionTransformer(nn.Module):
         self.position_interpolation = position_interpolation
         self.grad_checkpointing = False
 
-        self.patch_embed = PatchEmbed(
+        # the stem: timm's PatchEmbed for images, TubeletEmbed for video; tokens (B, *grid, D), channels last
+        self.patch_embed = embed_layer(
             img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
             output_fmt="NHWC", strict_img_size=False,
         )
@@ -201,15 +205,26 @@ class VisionTransformer(nn.Module):
             )
         return h // ph, w // pw
 
+    def axis_units(self) -> tuple[float, ...] | None:
+        """Length of one grid step per axis, in grid order (None: one patch each). The video model sets time's."""
+        return None
+
     def positions(self, grid_size: tuple[int, ...], device: torch.device) -> TokenPositions:
         return grid_positions(
-            grid_size, self.num_prefix_tokens, tuple(self.patch_embed.grid_size), self.position_interpolation, device
+            grid_size, self.num_prefix_tokens, tuple(self.patch_embed.grid_size), self.position_interpolation, device,
+            axis_units=self.axis_units(),
         )
 
+    def prepare_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The input as the stem takes it (the video model accepts two layouts)."""
+        return x
+
     def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, TokenPositions]:
-        """Images (B, C, H, W) -> tokens (B, P+N, D) with absolute encodings added, and their positions."""
+        """Input (B, C, H, W) or (B, C, T, H, W) -> tokens (B, P+N, D) with absolute encodings added, and their
+        positions."""
+        x = self.prepare_input(x)
         grid = self.grid_size_for(x)
-        tokens = self.patch_embed(x).flatten(1, 2)  # (B, H, W, D) -> (B, N, D), row-major
+        tokens = self.patch_embed(x).flatten(1, -2)  # (B, *grid, D) -> (B, N, D), row-major
         if self.cls_token is not None:
             tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1)
         pos = self.positions(grid, x.device)
@@ -266,20 +281,22 @@ class VisionTransformer(nn.Module):
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
     ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
-        """timm's feature API: the tokens after the blocks in ``indices`` (NCHW maps or NLC tokens)."""
-        if output_fmt not in ("NCHW", "NLC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        """timm's feature API: the tokens after the blocks in ``indices``: channels-first maps (``"NCHW"``; for video
+        ``"NCHW"`` or ``"NCTHW"`` give (B, C, T, H, W)) or ``"NLC"`` tokens."""
+        maps = ("NCHW", "NCTHW") if len(self.patch_embed.grid_size) == 3 else ("NCHW",)
+        if output_fmt not in (*maps, "NLC"):
+            raise ValueError(f"output_fmt must be one of {(*maps, 'NLC')}, got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         B = x.shape[0]
-        grid = self.grid_size_for(x)
+        grid = self.grid_size_for(self.prepare_input(x))
         tokens, pos = self.embed(x)
         tokens, hidden, _ = self.run_blocks(tokens, pos, take=set(take_indices),
                                             stop_after=max_index if stop_early else None)
         hidden = [self.norm(h) if norm else h for h in hidden]
         prefix = [h[:, : self.num_prefix_tokens] for h in hidden]
         hidden = [h[:, self.num_prefix_tokens :] for h in hidden]
-        if output_fmt == "NCHW":
-            hidden = [h.reshape(B, *grid, -1).permute(0, 3, 1, 2).contiguous() for h in hidden]
+        if output_fmt != "NLC":
+            hidden = [h.reshape(B, *grid, -1).movedim(-1, 1).contiguous() for h in hidden]  # (B, D, *grid)
         if return_prefix_tokens:
             hidden = list(zip(hidden, prefix))
         if intermediates_only:

@@ -1,23 +1,35 @@
-"""The model table: every (size x patch setting x encoding) is one timm model, ``vit_{size}{patch}_{encoding}``.
+"""The model table: every (family x size x patch setting x encoding) is one timm model,
+``{family}_{size}{patch}_{encoding}``.
 
 ``vit_b16_pape`` = ViT-B, patch 16 at 224^2, PaPE. ``vit_t4_rope_mixed`` = ViT-Ti, patch 4 at 32^2 (the
-CIFAR setting of the papers), RoPE-Mixed. Add a size or setting to the tables below; nothing else changes.
+CIFAR setting of the papers), RoPE-Mixed. ``vivit_b16_pape`` = ViViT-B, 16 frames of 224^2 in 2 x 16 x 16 tubelets
+(Kinetics-400 classes), PaPE; video models exist for the encodings defined in 3-D. Add a size or setting to the
+tables below; nothing else changes.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
-from ..encodings import list_encodings
+from ..encodings import encoding_class, list_encodings
+from ..hf.configuration_pape_vit import check_config_agreement
 from .vit import VisionTransformer
+from .vivit import VideoVisionTransformer
 
-__all__ = ["MODEL_SIZES", "PATCH_SETTINGS", "list_pape_models", "model_args_for"]
+__all__ = ["MODEL_SIZES", "PATCH_SETTINGS", "PUBLISHED_WEIGHTS", "VIDEO_SETTINGS", "list_pape_models",
+           "model_args_for", "register_published_weights"]
 
-HUB_ORG = "pape-hub"  # where published weights live: hf-hub:pape-hub/{model name}
+#: Weights published on the Hugging Face Hub: model name -> repo id. Only these models claim pretrained weights
+#: (their ``pretrained_cfg.hf_hub_id``); for every other name ``pretrained=True`` fails at once with a clear error
+#: instead of searching the Hub for a repo that does not exist. None are published yet. Add a row when a repo is
+#: (a release), or call :func:`register_published_weights` (your own organisation's weights, a local Hub).
+PUBLISHED_WEIGHTS: dict[str, str] = {}
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 MODEL_SIZES: dict[str, dict[str, int]] = {
@@ -30,46 +42,61 @@ PATCH_SETTINGS: dict[int, dict[str, Any]] = {
     16: dict(img_size=224, sizes="tsbl", num_classes=1000, mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD),
     4: dict(img_size=32, sizes="ts", num_classes=10, mean=CIFAR_MEAN, std=CIFAR_STD),
 }
+#: video settings by spatial patch size: clip length, tubelet, classes (ViViT-B/16x2 on Kinetics-400)
+VIDEO_SETTINGS: dict[int, dict[str, Any]] = {
+    16: dict(img_size=224, num_frames=16, tubelet_frames=2, sizes="tsb", num_classes=400, mean=IMAGENET_DEFAULT_MEAN,
+             std=IMAGENET_DEFAULT_STD),
+}
+FAMILIES = {"vit": (VisionTransformer, PATCH_SETTINGS), "vivit": (VideoVisionTransformer, VIDEO_SETTINGS)}
 
 
-def _names() -> dict[str, tuple[str, int, str]]:
-    return {
-        f"vit_{size}{patch}_{enc}": (size, patch, enc)
-        for patch, setting in PATCH_SETTINGS.items()
-        for size in setting["sizes"]
-        for enc in list_encodings()
-    }
+def _names() -> dict[str, tuple[str, str, int, str]]:
+    names = {}
+    for family, (_, settings) in FAMILIES.items():
+        ndim = 3 if family == "vivit" else 2
+        for patch, setting in settings.items():
+            for size in setting["sizes"]:
+                for enc in list_encodings():
+                    if ndim in encoding_class(enc)[0].supported_ndims:
+                        names[f"{family}_{size}{patch}_{enc}"] = (family, size, patch, enc)
+    return names
 
 
 _MODELS = _names()
 
 
-def list_pape_models() -> list[str]:
-    """Every model name this package registers in timm."""
-    return list(_MODELS)
+def list_pape_models(family: str | None = None) -> list[str]:
+    """Every model name this package registers in timm (``family``: ``"vit"`` or ``"vivit"`` only)."""
+    return [name for name, entry in _MODELS.items() if family in (None, entry[0])]
 
 
 def model_args_for(name: str) -> dict[str, Any]:
     """Constructor arguments of a registered model name."""
     if name not in _MODELS:
         raise ValueError(f"unknown pape_hub model {name!r}; e.g. {', '.join(list(_MODELS)[:4])}, ...")
-    size, patch, enc = _MODELS[name]
-    setting = PATCH_SETTINGS[patch]
-    return dict(
-        img_size=setting["img_size"], patch_size=patch, num_classes=setting["num_classes"],
-        position_encoding=enc, **MODEL_SIZES[size],
-    )
+    family, size, patch, enc = _MODELS[name]
+    setting = FAMILIES[family][1][patch]
+    args = dict(img_size=setting["img_size"], num_classes=setting["num_classes"], position_encoding=enc,
+                **MODEL_SIZES[size])
+    if family == "vivit":
+        args.update(num_frames=setting["num_frames"], tubelet_size=(setting["tubelet_frames"], patch, patch))
+    else:
+        args["patch_size"] = patch
+    return args
 
 
 def _cfg(name: str) -> dict[str, Any]:
-    size, patch, enc = _MODELS[name]
-    setting = PATCH_SETTINGS[patch]
+    family, size, patch, enc = _MODELS[name]
+    setting = FAMILIES[family][1][patch]
+    weights = {"hf_hub_id": PUBLISHED_WEIGHTS[name]} if name in PUBLISHED_WEIGHTS else {}
     return dict(
-        hf_hub_id=f"{HUB_ORG}/{name}", num_classes=setting["num_classes"],
+        **weights, num_classes=setting["num_classes"],
         input_size=(3, setting["img_size"], setting["img_size"]), pool_size=None, crop_pct=1.0 if patch == 4 else 0.9,
         interpolation="bicubic", fixed_input_size=False, mean=setting["mean"], std=setting["std"],
         first_conv="patch_embed.proj", classifier="head", license="apache-2.0",
-        notes=(f"ViT-{size.upper()}/{patch}, {enc} position encoding",),
+        notes=(f"{'ViViT' if family == 'vivit' else 'ViT'}-{size.upper()}/{patch}"
+               + (f", {setting['num_frames']} frames, tubelets of {setting['tubelet_frames']}" if family == "vivit"
+                  else "") + f", {enc} position encoding",),
     )
 
 
@@ -81,10 +108,35 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: VisionTransformer) -
     return {k.removeprefix("vit."): v for k, v in state_dict.items()}
 
 
+def _check_source_config(pretrained_cfg: Any) -> None:
+    """``timm.create_model("local-dir:..." / "hf-hub:...")`` reads ``model_args`` from the folder's config.json;
+    refuse a file whose transformers fields (what the other face builds) say otherwise."""
+    cfg = pretrained_cfg.to_dict() if hasattr(pretrained_cfg, "to_dict") else dict(pretrained_cfg or {})
+    if cfg.get("source") == "local-dir" and cfg.get("file"):
+        path = Path(cfg["file"]) / "config.json"
+    elif cfg.get("source") == "hf-hub" and cfg.get("hf_hub_id"):
+        from huggingface_hub import hf_hub_download
+
+        path = Path(hf_hub_download(cfg["hf_hub_id"], "config.json"))  # already in the cache: timm just read it
+    else:
+        return
+    check_config_agreement(json.loads(path.read_text()), str(path))
+
+
+def _has_weights(pretrained_cfg: Any) -> bool:
+    cfg = pretrained_cfg.to_dict() if hasattr(pretrained_cfg, "to_dict") else dict(pretrained_cfg or {})
+    return any(cfg.get(k) for k in ("hf_hub_id", "url", "file", "state_dict"))
+
+
 def _create(name: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    if pretrained and not _has_weights(kwargs.get("pretrained_cfg")) and name not in PUBLISHED_WEIGHTS:
+        published = ", ".join(sorted(PUBLISHED_WEIGHTS)) or "none yet"
+        raise ValueError(f"{name} has no published weights (published: {published}). Load a checkpoint with "
+                         f"timm.create_model('hf-hub:ORG/REPO') or 'local-dir:PATH', or use pretrained=False")
+    _check_source_config(kwargs.get("pretrained_cfg"))
     out_indices = kwargs.pop("out_indices", 3)
     return build_model_with_cfg(
-        VisionTransformer, name, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
+        FAMILIES[_MODELS[name][0]][0], name, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
         **{**model_args_for(name), **kwargs},
     )
@@ -102,3 +154,17 @@ def _entrypoint(name: str) -> Callable[..., VisionTransformer]:
 
 for _name in _MODELS:
     globals()[_name] = register_model(_entrypoint(_name))
+
+
+def register_published_weights(name: str, repo_id: str) -> None:
+    """Declare that ``repo_id`` holds weights of the registered model ``name`` (as :data:`PUBLISHED_WEIGHTS`
+    does for a release): ``timm.create_model(name, pretrained=True)`` then downloads them."""
+    import warnings
+
+    if name not in _MODELS:
+        raise ValueError(f"unknown pape_hub model {name!r}")
+    PUBLISHED_WEIGHTS[name] = repo_id
+    default_cfgs.update(generate_default_cfgs({name: _cfg(name)}))
+    with warnings.catch_warnings():  # timm warns that it overwrites the registration: that is the point
+        warnings.simplefilter("ignore")
+        globals()[name] = register_model(_entrypoint(name))

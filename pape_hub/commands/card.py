@@ -1,0 +1,41 @@
+"""``pape-hub card``: write a checkpoint folder's model card (``README.md``) from what it holds.
+
+The card is rendered with ``huggingface_hub.ModelCard`` from the folder's ``config.json`` and ``eval.json`` (from
+``pape-hub eval CHECKPOINT --output CHECKPOINT/eval.json`` or the main job), optionally a benchmark JSON for the
+speed section; it claims no number those files do not hold.
+
+Example:
+    pape-hub eval outputs/run/best --sizes 4,6,8 --output outputs/run/best/eval.json
+    pape-hub card outputs/run/best --repo-id my-org/vit-t4-pape-arrows --bench results/bench_vit_b16_224_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="a checkpoint folder (config.json, optionally eval.json)")
+    parser.add_argument("--repo-id", default=None, help="the repo the card's loading snippets name")
+    parser.add_argument("--bench", default=None, help="a `pape-hub bench` JSON for the speed section")
+    parser.add_argument("--output", default=None, help="write the card here (default CHECKPOINT/README.md)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..card import card_from_folder
+    from ..hub import check_checkpoint_dir
+
+    folder = Path(args.checkpoint)
+    check_checkpoint_dir(folder)
+    if args.bench:
+        evaluation = json.loads((folder / "eval.json").read_text()) if (folder / "eval.json").exists() else None
+        if evaluation is None:
+            raise FileNotFoundError(f"{folder / 'eval.json'} is missing: run `pape-hub eval {folder} --output "
+                                    f"{folder / 'eval.json'}` first")
+        evaluation["bench"] = json.loads(Path(args.bench).read_text())
+        (folder / "eval.json").write_text(json.dumps(evaluation, indent=2))
+    path = card_from_folder(folder, repo_id=args.repo_id, path=args.output)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,153 @@
+"""``pape-hub compare``: train several encodings on one dataset (several seeds each, in parallel worker
+processes), then score every best checkpoint at the training resolution and at larger ones, with and without
+position interpolation, plus the patch-shuffle test. Writes a table over seeds (mean ± std), a JSON with every run
+and a plot.
+
+Presets hold the model and recipe of the built-in datasets; every value can be overridden by a flag.
+``digits`` (scikit-learn's 8x8 grey digits, upsampled to 16 px, patch 2, one input channel, no augmentation,
+30 epochs) is evaluated at 16, 24 and 32 px (1x, 1.5x, 2x). ``motion`` (the built-in video task: which way does
+the moving square go; a ViViT of width 96, depth 4, tubelets 2 x 8 x 8) is trained on 6-frame clips of 5 x 5 cells
+and evaluated on larger boards (6x7: 7 x 7 cells) and longer clips (10x5: 10 frames).
+
+Examples:
+    pape-hub compare --dataset digits                           # results/digits
+    pape-hub compare --dataset motion                           # results/video_motion
+    pape-hub compare --dataset digits --encodings ape,pape --seeds 0 --aug light --hflip 0 --results-dir none
+    pape-hub compare --dataset imagefolder:/data/pets --img-size 64 --resolutions 64,96,128 \\
+        --model-kwargs '{"patch_size": 8}' --epochs 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SMALL_VIT = dict(embed_dim=96, depth=4, num_heads=4, global_pool="avg", class_token=False)
+#: dataset -> model, recipe and evaluation defaults (``clips``: a video sweep, ``resolutions``: an image sweep)
+PRESETS: dict[str, dict[str, Any]] = {
+    "digits": dict(model="vit_t4_{encoding}", model_kwargs=dict(SMALL_VIT, patch_size=2, in_chans=1), img_size=16,
+                   resolutions=[16, 24, 32], epochs=30, batch_size=64, lr=1e-3, warmup_epochs=3, weight_decay=0.05,
+                   label_smoothing=0.1, drop_path=0.1, aug="none", results_dir="results/digits"),
+    "motion": dict(model="vivit_t16_{encoding}", model_kwargs=dict(SMALL_VIT, tubelet_size=[2, 8, 8]), img_size=None,
+                   clips=["6x5", "6x7", "10x5"], epochs=5, train_size=4096, eval_size=1000, batch_size=64, lr=1e-3,
+                   warmup_epochs=1, weight_decay=0.05, label_smoothing=0.0, drop_path=0.0, aug="none",
+                   results_dir="results/video_motion"),
+}
+GENERIC = dict(model="vit_t4_{encoding}", model_kwargs=dict(SMALL_VIT), img_size=None, resolutions=None, epochs=30,
+               batch_size=64, lr=1e-3, warmup_epochs=3, weight_decay=0.05, label_smoothing=0.1, drop_path=0.1,
+               aug="default", results_dir="none")
+DEFAULT_ENCODINGS = "none,ape,sincos,rope,rope_mixed,polar_rope,alibi,lookhere,pape,pape_ri,liere8"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", default="digits", help="arrows | digits | imagefolder:PATH | hf:NAME | "
+                        "cifar:PATH (built-in presets: " + ", ".join(PRESETS) + ")")
+    parser.add_argument("--encodings", default=None, help="comma-separated, or 'all'; arguments in brackets, e.g. "
+                        "alibi[slope_scale=8] (default: every encoding defined for the data, 'lookhere' not for "
+                        "video)")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
+    parser.add_argument("--model", default=None, help="timm name pattern, {encoding} replaced (default: the "
+                        "preset's, vit_t4_{encoding} or vivit_t16_{encoding})")
+    parser.add_argument("--model-kwargs", default=None, help="JSON model arguments (default: the preset's)")
+    parser.add_argument("--img-size", type=int, default=None, help="training resolution (default: the preset's)")
+    parser.add_argument("--resolutions", default=None, help="comma-separated evaluation sizes (default: preset's)")
+    parser.add_argument("--clips", default=None, help="video: comma-separated FRAMESxSIZE evaluation clips, the "
+                        "training clip first (default: the preset's)")
+    parser.add_argument("--train-size", type=int, default=None, help="generated tasks: samples per epoch")
+    parser.add_argument("--eval-size", type=int, default=None, help="generated tasks: validation / test samples")
+    for name in ("epochs", "batch_size"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help="default: the preset's")
+    for name in ("lr", "warmup_epochs", "weight_decay", "label_smoothing", "drop_path", "hflip", "color_jitter",
+                 "mixup", "cutmix"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=None, help="default: the preset's")
+    parser.add_argument("--aug", choices=["none", "light", "default"], default=None, help="default: the preset's")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes at once (one thread each)")
+    parser.add_argument("--output-dir", default=None, help="checkpoints and logs (default outputs/compare_<data>)")
+    parser.add_argument("--results-dir", default=None, help="table, JSON and plot (default: the preset's, e.g. "
+                        "results/digits; 'none' to skip)")
+
+
+def resolve(args: argparse.Namespace) -> dict[str, Any]:
+    """The preset for ``args.dataset`` with every flag given on the command line applied."""
+    kind = args.dataset.partition(":")[0]
+    preset = dict(PRESETS.get(kind, GENERIC))
+    if args.model_kwargs is not None:
+        try:
+            preset["model_kwargs"] = json.loads(args.model_kwargs)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"--model-kwargs is not valid JSON: {err}") from err
+    if args.resolutions:
+        preset["resolutions"] = [int(r) for r in args.resolutions.split(",")]
+    if args.clips:
+        preset["clips"] = args.clips.split(",")
+    for name in ("model", "img_size", "epochs", "batch_size", "lr", "warmup_epochs", "weight_decay", "label_smoothing",
+                 "drop_path", "aug", "hflip", "color_jitter", "mixup", "cutmix", "results_dir", "train_size",
+                 "eval_size"):
+        if getattr(args, name, None) is not None:
+            preset[name] = getattr(args, name)
+    if "clips" in preset:
+        return preset
+    if preset["img_size"] is None:
+        raise ValueError(f"--img-size is needed for dataset {args.dataset!r} (no preset)")
+    preset["resolutions"] = preset["resolutions"] or [preset["img_size"]]
+    if preset["resolutions"][0] != preset["img_size"]:
+        preset["resolutions"] = [preset["img_size"], *[r for r in preset["resolutions"] if r != preset["img_size"]]]
+    return preset
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..encodings import list_encodings
+    from ..experiment import aggregate, parse_encodings, run_jobs, summary_table, write_results
+    from ..provenance import provenance
+
+    started = time.time()
+    setup = resolve(args)
+    default = DEFAULT_ENCODINGS if "clips" not in setup else DEFAULT_ENCODINGS.replace(",lookhere", "")
+    specs = parse_encodings(args.encodings or default, list_encodings())
+    encodings = [label for label, _, _ in specs]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    name = args.dataset.replace(":", "_").replace("/", "_")
+    root = Path(args.output_dir or f"outputs/compare_{name}")
+    video = "clips" in setup
+    sizes = setup["clips"] if video else setup["resolutions"]
+    recipe = {k: v for k, v in setup.items() if k not in ("resolutions", "clips", "results_dir", "model_kwargs",
+                                                          "model")}
+    jobs = []
+    for label, enc, kwargs in specs:
+        model_kwargs = dict(setup["model_kwargs"], **({"position_encoding_kwargs": kwargs} if kwargs else {}))
+        sweep = dict(dataset=args.dataset, **({"clips": sizes} if video else {"resolutions": sizes}))
+        if "eval_size" in setup:
+            sweep["eval_size"] = setup["eval_size"]
+        folder = re.sub(r"[^\w.=-]+", "_", label).strip("_")
+        for seed in seeds:
+            train = dict(model=setup["model"].format(encoding=enc), model_kwargs=model_kwargs, dataset=args.dataset,
+                         output_dir=str(root / f"{folder}_seed{seed}"), seed=seed, quiet=True, overwrite=True,
+                         **recipe)
+            jobs.append(dict(encoding=label, train=train, sweep=sweep))
+    print(f"training {len(jobs)} model(s) on {args.dataset}, {setup['epochs']} epochs, {args.jobs} at a time; "
+          f"evaluating at {sizes}; logs in {root}/", flush=True)
+
+    def describe(result: dict[str, Any]) -> str:
+        test = result["train"].get("test", {}).get("top1")
+        return f"best val {result['train']['best_val_top1']:.3f}" + (f", test {test:.3f}" if test is not None else "")
+
+    results, failed = run_jobs(jobs, args.jobs, started, describe)
+    summary = dict(provenance=provenance("compare", ["compare", *sys.argv[2:]] if sys.argv[1:2] == ["compare"]
+                                         else None),
+                   dataset=args.dataset, model=dict(setup["model_kwargs"], name=setup["model"]), recipe=recipe,
+                   sizes=sizes, unit="clip" if video else "px", seeds=seeds, encodings=encodings, failed=failed,
+                   aggregate=aggregate(results, sizes, "clip" if video else "px"), runs=results,
+                   wall_s=round(time.time() - started))
+    print("\n" + summary_table(summary))
+    results_dir = None if setup["results_dir"] == "none" else Path(setup["results_dir"])
+    if results_dir is not None and results:
+        write_results(summary, results_dir, title=f"{args.dataset}: trained at {sizes[0]}, mean and range over "
+                      f"seeds {seeds}")
+        print(f"\nwrote {results_dir}/summary.json, summary.md, accuracy_vs_size.png")
+    print(f"wall time {time.time() - started:.0f}s; checkpoints in {root}/<encoding>_seed<k>/best")
+    return 1 if failed else 0

@@ -1,0 +1,171 @@
+r"""``pape-hub report``: regenerate the README's results blocks from the JSON files under ``results/``.
+
+Every table of measured numbers in the README sits between ``<!-- generated: NAME -->`` and
+``<!-- end generated: NAME -->`` and is written here from a results file, with the command, commit and wall time
+that produced it. ``--check`` changes nothing and fails (exit 1) when a block differs from what the files give, or
+when a results file records a code fingerprint other than the current code's (the code that computes those
+numbers changed since they were measured: re-run the command the file names).
+
+Examples:
+    pape-hub report            # rewrite README.md's generated blocks
+    pape-hub report --check    # what CI runs (through the test suite)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+_BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", flags=re.DOTALL)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--check", action="store_true", help="only check; exit 1 if anything is stale")
+    parser.add_argument("--readme", default=str(ROOT / "README.md"), help="the README to update")
+    parser.add_argument("--results", default=str(ROOT / "results"), help="the results folder")
+
+
+def load(results: Path, name: str) -> dict[str, Any] | None:
+    path = results / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def provenance_line(data: dict[str, Any]) -> str:
+    prov = data.get("provenance", {})
+    wall = data.get("wall_s")
+    return (f"Written by `{prov.get('command', '?')}` at commit `{prov.get('commit', '?')}` "
+            f"(code fingerprint `{prov.get('code_fingerprint', '?')}`, {prov.get('machine', '?')}, "
+            f"torch {prov.get('torch', '?')}){f', wall time {wall // 60} min {wall % 60} s' if wall else ''}.")
+
+
+def comparison_block(results: Path, name: str, what: str) -> str:
+    from ..experiment import summary_table
+
+    data = load(results, f"{name}/summary.json")
+    if data is None:
+        return f"_Not measured yet: `results/{name}/summary.json` is missing ({what})._\n"
+    seeds = data["seeds"]
+    over = f"mean ± std over seeds {seeds}" if len(seeds) > 1 else f"seed {seeds[0]}"
+    lines = [summary_table(data), "",
+             f"Top-1 on the test split; {over}. {provenance_line(data)} Plot: `results/{name}/accuracy_vs_size.png`"
+             f"; every run with its training curve: `results/{name}/summary.json`."]
+    if data.get("failed"):
+        lines.append(f"Runs that failed: {', '.join(data['failed'])}.")
+    hub = data.get("hub")
+    if hub:
+        ok = [r for r, c in hub["repos"].items() if c.get("timm_identical") and c.get("transformers_identical")]
+        lines.append(f"Seed-{seeds[0]} checkpoints were pushed to {hub['endpoint']} and loaded back by repo id from "
+                     f"both faces with bit-identical logits: {len(ok)} of {len(hub['repos'])} "
+                     f"({', '.join(f'`{r}`' for r in hub['repos'])}).")
+    return "\n".join(lines) + "\n"
+
+
+def bench_block(results: Path, name: str) -> str:
+    data = load(results, name)
+    if data is None:
+        return f"_Not measured yet: `results/{name}` is missing._\n"
+    out = []
+    for run in data["runs"]:
+        rows = run["rows"]
+        base = rows["timm_ape"]
+        has_train = any("train_ratio" in r for r in rows.values())
+        has_compile = any("compile_speedup" in r for r in rows.values())
+        head = ["model", "inference ms", "× timm APE", "target"] + (["train step × APE"] if has_train else []) + \
+            (["compiled speed-up"] if has_compile else []) + ["SDPA kernel"]
+        lines = [f"ViT-{run['size'].upper()}/16 at {run['resolution']} px:", "",
+                 "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+        for key, r in rows.items():
+            target = r.get("target")
+            cells = [f"`{key}`", f"{r['infer_ms']:.1f}", f"{r['infer_ms'] / base['infer_ms']:.3f}",
+                     (f"{target['ratio']:.3f} × `{target['vs']}` ≤ {target['max_ratio']:.2f} "
+                      f"{'met' if target['met'] else '**missed**'}") if target else ""]
+            if has_train:
+                cells.append(f"{r['train_ratio']:.3f}" if "train_ratio" in r else "not timed")
+            if has_compile:
+                cells.append(f"{r['compile_speedup']:.2f}" if "compile_speedup" in r else "")
+            cells.append(",".join(r.get("kernels", [])))
+            lines.append("| " + " | ".join(cells) + " |")
+        out.append("\n".join(lines))
+    out.append(f"{data['device']}, {data['dtype']}, inference batch {data['batch_size']}, medians of "
+               f"{data['repeats']} interleaved rounds. {provenance_line(data)}")
+    return "\n\n".join(out) + "\n"
+
+
+def encodings_block(results: Path) -> str:
+    from .zoo import encoding_rows
+
+    return "\n".join(encoding_rows()) + "\n\n(Generated from the code by `pape-hub report`; parameters counted on " \
+        "the meta device.)\n"
+
+
+#: README block name -> (results kind it needs, generator). Kind None: generated from code, not results.
+BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
+    "encodings": (None, encodings_block),
+    "arrows_main_job": ("arrows", lambda r: comparison_block(r, "arrows_main_job", "`make main`")),
+    "arrows_full": ("arrows", lambda r: comparison_block(r, "arrows_full", "`pape-hub arrows --full`")),
+    "digits": ("compare", lambda r: comparison_block(r, "digits", "`pape-hub compare --dataset digits`")),
+    "video": ("compare", lambda r: comparison_block(r, "video_motion", "`pape-hub compare --dataset video-motion`")),
+    "bench_b16_224": ("bench", lambda r: bench_block(r, "bench_vit_b16_224_cpu.json")),
+    "bench_b16_448": ("bench", lambda r: bench_block(r, "bench_vit_b16_448_cpu.json")),
+}
+
+
+def stale_results(results: Path) -> list[str]:
+    """Results files whose code fingerprint is not the current code's (or that record none)."""
+    from ..provenance import code_fingerprint
+
+    problems = []
+    for path in sorted(results.rglob("*.json")):
+        data = json.loads(path.read_text())
+        prov = data.get("provenance") if isinstance(data, dict) else None
+        if not prov:
+            problems.append(f"{path.relative_to(results.parent)} records no provenance (which code wrote it?)")
+            continue
+        current = code_fingerprint(prov["kind"])
+        if prov.get("code_fingerprint") != current:
+            problems.append(f"{path.relative_to(results.parent)} was measured with code "
+                            f"{prov.get('code_fingerprint')} (commit {prov.get('commit')}), the code is now {current}: "
+                            f"re-run `{prov.get('command')}`")
+    return problems
+
+
+def render(readme: str, results: Path) -> str:
+    def replace(match: re.Match) -> str:
+        name = match.group(2)
+        if name not in BLOCKS:
+            raise ValueError(f"README names an unknown generated block {name!r}; known: {sorted(BLOCKS)}")
+        return match.group(1) + BLOCKS[name][1](results) + match.group(4)
+
+    return _BLOCK.sub(replace, readme)
+
+
+def check(readme_path: Path, results: Path) -> list[str]:
+    """Everything stale: results measured with other code, README blocks that differ from the results."""
+    problems = stale_results(results)
+    readme = readme_path.read_text()
+    fresh = render(readme, results)
+    for (old, new) in zip(_BLOCK.finditer(readme), _BLOCK.finditer(fresh)):
+        if old.group(3) != new.group(3):
+            problems.append(f"README block {old.group(2)!r} differs from what the results give: run `pape-hub report`")
+    return problems
+
+
+def run(args: argparse.Namespace) -> int:
+    readme, results = Path(args.readme), Path(args.results)
+    if args.check:
+        problems = check(readme, results)
+        for problem in problems:
+            print("STALE:", problem)
+        print("results and README are current" if not problems else f"{len(problems)} problem(s)")
+        return 1 if problems else 0
+    readme.write_text(render(readme.read_text(), results))
+    stale = stale_results(results)
+    for problem in stale:
+        print("warning:", problem)
+    print(f"updated the generated blocks of {readme}" + (f"; {len(stale)} results file(s) are stale" if stale else ""))
+    return 0

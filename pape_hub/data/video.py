@@ -1,0 +1,231 @@
+"""Video data: the built-in motion task, generated from a seed, and a folder of video files.
+
+**The motion task** (``motion``): which way does the square go? A clip of ``frames`` grey frames on a
+``grid x grid`` board of ``cell``-pixel cells holds a white square that moves one cell per time step (every
+``tubelet_frames`` frames) in a straight line - up, right, down or left, the label - and ``distractors`` identical
+squares that stand still (none by default: with two, a width-96 ViViT stays at chance for 12k clips). Within a
+time step the frames are identical, so no single tubelet token shows motion: the answer needs the relation
+between tokens at different (t, y, x), i.e. positions in space and time. Without position information a clip is a
+bag of identical square tokens (chance, 25%); directions are drawn uniformly.
+
+* Sample ``i`` with seed ``s`` depends only on (s, i); training, validation and test use disjoint seeds, and a
+  longer or larger test clip reuses the generator with other ``frames`` / ``grid``.
+* Pixels are normalised with the task's own statistics (:func:`motion_statistics`), like the arrow task.
+
+**A folder of videos** (``videofolder:PATH``): ``PATH/<class>/<clip>`` (or ``PATH/train/...`` plus
+``PATH/test/...``), any container and codec FFmpeg reads, decoded with PyAV; ``num_frames`` frames are sampled
+evenly over each clip and resized to the model's size (transforms from ``torchvision.transforms.v2`` act on the
+whole clip, so a random crop or flip is the same for every frame).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .images import TransformedDataset
+
+__all__ = ["MOTION_DIRECTIONS", "MotionConfig", "MotionDataset", "VIDEO_SUFFIXES", "VideoTransform",
+           "load_videofolder", "motion_statistics", "read_video"]
+
+MOTION_DIRECTIONS = ("up", "right", "down", "left")
+_STEP = {0: (-1, 0), 1: (0, 1), 2: (1, 0), 3: (0, -1)}  # (row, col) per time step
+VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".ogv", ".gif")
+_STATISTICS_SEED, _STATISTICS_SAMPLES = 7_100_003, 512
+
+
+@dataclass(frozen=True)
+class MotionConfig:
+    frames: int = 6
+    grid: int = 5
+    cell: int = 8
+    distractors: int = 0
+    tubelet_frames: int = 2
+
+    def __post_init__(self) -> None:
+        if self.frames % self.tubelet_frames:
+            raise ValueError(f"frames ({self.frames}) must be a multiple of tubelet_frames ({self.tubelet_frames})")
+        if self.steps < 2:
+            raise ValueError(f"the clip needs at least 2 time steps to show motion, got {self.steps}")
+        if self.grid < self.steps:
+            raise ValueError(f"a square moving one cell per step for {self.steps} steps needs a grid of at least "
+                             f"{self.steps} cells, got {self.grid}")
+        if self.cell < 4:
+            raise ValueError(f"cells must be at least 4 px, got {self.cell}")
+        if self.distractors < 0 or self.distractors > self.grid * self.grid - self.steps:
+            raise ValueError(f"{self.distractors} distractors do not fit beside the moving square's path")
+
+    @property
+    def steps(self) -> int:
+        """Time steps (tubelets along time) in a clip."""
+        return self.frames // self.tubelet_frames
+
+    @property
+    def image_size(self) -> int:
+        return self.grid * self.cell
+
+
+@functools.lru_cache(maxsize=8)
+def _square(cell: int) -> np.ndarray:
+    margin = max(1, cell // 4)
+    square = np.zeros((cell, cell), dtype=np.uint8)
+    square[margin:cell - margin, margin:cell - margin] = 255
+    return square
+
+
+class MotionDataset(Dataset):
+    """``length`` deterministic clips: (video float tensor (C, T, H, W), label int); see the module docstring.
+
+    ``normalize``: ``"auto"`` uses :func:`motion_statistics`, a ``(mean, std)`` pair uses those, ``None`` gives
+    [0, 1]. ``channels``: 3 (grey repeated) or 1.
+    """
+
+    def __init__(self, length: int, config: MotionConfig | None = None, seed: int = 0,
+                 normalize: str | tuple[Any, Any] | None = "auto", channels: int = 3) -> None:
+        if channels not in (1, 3):
+            raise ValueError(f"motion clips have 1 or 3 channels, got {channels}")
+        self.length, self.config, self.seed, self.channels = length, config or MotionConfig(), seed, channels
+        self.classes = list(MOTION_DIRECTIONS)
+        if normalize == "auto":
+            normalize = motion_statistics(self.config)
+        self.normalize = None if normalize is None else tuple(
+            torch.tensor(v, dtype=torch.float32).reshape(-1, 1, 1, 1) for v in normalize)  # (C or 1, 1, 1, 1)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def sample(self, index: int) -> tuple[np.ndarray, int, dict[str, Any]]:
+        """(uint8 clip (T, S, S), label, layout: the mover's cells per step and the distractors' cells)."""
+        if not 0 <= index < self.length:
+            raise IndexError(index)
+        cfg, rng = self.config, np.random.default_rng([self.seed, index])
+        g, steps = cfg.grid, cfg.steps
+        direction = int(rng.integers(4))
+        dr, dc = _STEP[direction]
+        span = steps - 1
+        rows = range(max(0, -dr * span), g - max(0, dr * span))  # starts whose whole path stays on the board
+        cols = range(max(0, -dc * span), g - max(0, dc * span))
+        start = (int(rng.choice(rows)), int(rng.choice(cols)))
+        path = [(start[0] + dr * s, start[1] + dc * s) for s in range(steps)]
+        free = [(r, c) for r in range(g) for c in range(g) if (r, c) not in path]
+        still = [free[i] for i in rng.permutation(len(free))[: cfg.distractors]]
+        square, cell = _square(cfg.cell), cfg.cell
+        board = np.zeros((steps, cfg.image_size, cfg.image_size), dtype=np.uint8)
+        for s in range(steps):
+            for r, c in [path[s], *still]:
+                board[s, r * cell:(r + 1) * cell, c * cell:(c + 1) * cell] = square
+        clip = np.repeat(board, cfg.tubelet_frames, axis=0)  # static within a tubelet
+        return clip, direction, dict(path=path, distractors=still)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        clip, label, _ = self.sample(index)
+        x = torch.from_numpy(clip).float().div_(255.0)[None].expand(self.channels, -1, -1, -1)  # (C, T, H, W)
+        if self.normalize is not None:
+            mean, std = self.normalize
+            x = (x - mean) / std
+        return x.contiguous(), label
+
+    def describe(self) -> dict[str, Any]:
+        return dict(name="motion", length=self.length, seed=self.seed, **asdict(self.config))
+
+
+@functools.lru_cache(maxsize=16)
+def motion_statistics(config: MotionConfig) -> tuple[float, float]:
+    """(mean, std) of the pixels (in [0, 1]) of 512 clips of ``config`` from a fixed seed."""
+    raw = MotionDataset(_STATISTICS_SAMPLES, config, seed=_STATISTICS_SEED, normalize=None)
+    pixels = np.stack([raw.sample(i)[0] for i in range(len(raw))]).astype(np.float64) / 255.0
+    return float(pixels.mean()), float(pixels.std())
+
+
+def read_video(path: str | Path, num_frames: int) -> np.ndarray:
+    """``num_frames`` RGB frames (T, H, W, 3) uint8 sampled evenly over a video file (repeating frames of a
+    shorter clip)."""
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    except (av.error.FFmpegError, OSError, IndexError) as err:  # IndexError: no video stream
+        raise ValueError(f"cannot decode video {path}: {err}") from err
+    if not frames:
+        raise ValueError(f"video {path} has no frames")
+    index = np.linspace(0, len(frames) - 1, num_frames).round().astype(int)
+    return np.stack([frames[i] for i in index])
+
+
+class VideoTransform:
+    """Clip (T, H, W, C) uint8 -> (C, T, size, size) float, normalised. Training: a random resized crop with
+    ``crop_scale`` and a horizontal flip with probability ``hflip``, the same for every frame of the clip."""
+
+    def __init__(self, size: int, mean: Any, std: Any, crop_scale: tuple[float, float] | None = None,
+                 hflip: float = 0.0) -> None:
+        from torchvision.transforms import v2
+
+        resize = v2.RandomResizedCrop(size, scale=crop_scale, antialias=True) if crop_scale else \
+            v2.Resize((size, size), antialias=True)
+        steps = [resize] + ([v2.RandomHorizontalFlip(hflip)] if hflip else [])
+        self.transform = v2.Compose([*steps, v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+
+    def __call__(self, clip: np.ndarray) -> torch.Tensor:
+        from torchvision import tv_tensors
+
+        video = tv_tensors.Video(torch.from_numpy(np.ascontiguousarray(clip)).permute(0, 3, 1, 2))  # (T, C, H, W)
+        return self.transform(video).as_subclass(torch.Tensor).transpose(0, 1).contiguous()  # (C, T, H, W)
+
+
+class VideoFolderDataset(TransformedDataset):
+    """(clip, label) pairs of a folder; the clip is decoded on access, frames converted to ``channels``."""
+
+    def __init__(self, files: list[Path], labels: list[int], classes: list[str], num_frames: int,
+                 transform: Callable | None = None, channels: int = 3) -> None:
+        super().__init__(len(files), self._read, classes, transform, labels, channels)
+        self.files, self.num_frames = files, num_frames
+
+    def _read(self, index: int) -> tuple[np.ndarray, int]:
+        return read_video(self.files[index], self.num_frames), self.labels[index]
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        clip, label = self.get(index)
+        if self.channels == 1:
+            clip = clip.mean(-1, keepdims=True).round().astype(np.uint8)
+        return (self.transform(clip) if self.transform else clip), int(label)
+
+    def with_transform(self, transform: Callable | None, channels: int | None = None) -> VideoFolderDataset:
+        return VideoFolderDataset(self.files, self.labels, self.classes, self.num_frames, transform,
+                                  self.channels if channels is None else channels)
+
+
+def load_videofolder(root: str | Path, num_frames: int
+                     ) -> tuple[VideoFolderDataset, VideoFolderDataset | None, list[str]]:
+    """``root/<class>/<clip>`` (or ``root/train/<class>/...`` and optionally ``root/test|val/...``)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"video folder {root} does not exist (expected root/<class>/<clip.mp4> or "
+                                "root/train/<class>/<clip.mp4>)")
+    train_dir = root / "train" if (root / "train").is_dir() else root
+    test_dir = next((root / d for d in ("test", "val") if (root / d).is_dir() and train_dir != root), None)
+
+    def scan(folder: Path, classes: list[str] | None = None) -> VideoFolderDataset:
+        found = sorted(d.name for d in folder.iterdir() if d.is_dir())
+        classes = classes or found
+        if not classes or found != classes:
+            raise FileNotFoundError(f"{folder} must hold one folder per class ({classes or 'none found'}), got "
+                                    f"{found}")
+        files, labels = [], []
+        for label, name in enumerate(classes):
+            clips = sorted(f for f in (folder / name).iterdir() if f.suffix.lower() in VIDEO_SUFFIXES)
+            files += clips
+            labels += [label] * len(clips)
+        if not files:
+            raise FileNotFoundError(f"no video files ({', '.join(VIDEO_SUFFIXES)}) in the class folders of {folder}")
+        return VideoFolderDataset(files, labels, classes, num_frames)
+
+    train = scan(train_dir)
+    return train, (scan(test_dir, train.classes) if test_dir else None), train.classes

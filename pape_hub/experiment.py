@@ -1,0 +1,149 @@
+"""Comparisons of encodings: train one model per (encoding, seed) in parallel worker processes, sweep each best
+checkpoint across sizes, and summarise over seeds. Shared by the main job (``pape-hub arrows``) and
+``pape-hub compare`` (a dataset such as ``digits``, or the video task).
+
+A job is a :class:`~pape_hub.training.TrainConfig` plus the evaluation sweep; a worker trains it with one thread,
+evaluates it, and returns the evaluation with the training results. The summary holds every run, the aggregate
+(mean, std, min, max over seeds for each reported column) and the provenance of the code that produced it.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import re
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+__all__ = ["aggregate", "columns", "parse_encodings", "run_jobs", "summary_table", "train_and_evaluate",
+           "write_results"]
+
+_SPEC = re.compile(r"^(\w+)(?:\[(.*)\])?$")
+
+
+def parse_encodings(text: str, every: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
+    """``"ape,alibi[slope_scale=8],pape_ri[position_scale=3]"`` (or ``"all"``) -> (label, encoding, arguments)
+    per entry; values are read as JSON (numbers, true/false, quoted strings), else kept as text."""
+    specs = re.split(r",(?![^\[]*\])", text) if text != "all" else every
+    out = []
+    for spec in (s.strip() for s in specs):
+        match = _SPEC.match(spec)
+        if not match or match.group(1) not in every:
+            raise ValueError(f"unknown encoding {spec!r}; valid: {', '.join(every)} (optionally with arguments, "
+                             "e.g. alibi[slope_scale=8])")
+        kwargs = {}
+        for item in filter(None, (match.group(2) or "").split(",")):
+            key, _, value = item.partition("=")
+            try:
+                kwargs[key.strip()] = json.loads(value)
+            except json.JSONDecodeError:
+                kwargs[key.strip()] = value.strip()
+        out.append((spec, match.group(1), kwargs))
+    return out
+
+
+def train_and_evaluate(job: dict[str, Any]) -> dict[str, Any]:
+    """One worker: train ``job["train"]`` (TrainConfig fields), then sweep the best checkpoint with
+    ``job["sweep"]`` (``evaluate_checkpoint`` arguments). Runs in its own process with one thread; its output goes
+    to ``<output_dir>.log``."""
+    import torch
+
+    torch.set_num_threads(1)
+    from .evaluation import evaluate_checkpoint
+    from .training import TrainConfig, train
+
+    cfg = TrainConfig(**job["train"])
+    out = Path(cfg.output_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f"{out.name}.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
+        trained = train(cfg)
+        evaluation = evaluate_checkpoint(out / "best", **job["sweep"])
+    evaluation.update(encoding=job["encoding"], seed=cfg.seed, train=trained)
+    return evaluation
+
+
+def run_jobs(jobs: list[dict[str, Any]], workers: int, started: float,
+             describe: Callable[[dict[str, Any]], str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Run every job (at most ``workers`` at a time, each in a fresh interpreter); returns (results in job order,
+    labels of failed jobs). One failure does not stop the others."""
+    results: list[dict[str, Any]] = []
+    failed: list[str] = []
+    context = multiprocessing.get_context("spawn")  # a clean interpreter per job: no inherited threads or caches
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, max_tasks_per_child=1) as pool:
+        futures = {pool.submit(train_and_evaluate, job): i for i, job in enumerate(jobs)}
+        for future in as_completed(futures):
+            job = jobs[futures[future]]
+            label = f"{job['encoding']} seed {job['train']['seed']}"
+            try:
+                result = future.result()
+            except Exception as err:  # noqa: BLE001 - one failed run must not lose the others
+                failed.append(label)
+                print(f"  {label}: FAILED ({type(err).__name__}: {err}; log {job['train']['output_dir']}.log)",
+                      flush=True)
+                continue
+            result["job_index"] = futures[future]
+            results.append(result)
+            print(f"  {label}: {describe(result)} ({time.time() - started:.0f}s)", flush=True)
+    results.sort(key=lambda r: r.pop("job_index"))
+    return results, failed
+
+
+def accuracy(rows: list[dict[str, Any]], size: int, interp: bool = False, shuffle: bool = False) -> float | None:
+    hits = [r["top1"] for r in rows if r["size"] == size and r["interpolation"] == interp
+            and bool(r.get("patch_shuffle")) == shuffle]
+    return hits[0] if hits else None
+
+
+def columns(sizes: list[int], unit: str = "grid") -> list[tuple[str, int, bool, bool]]:
+    """(label, size, interpolation, patch shuffle) of every reported accuracy: each size, each larger size with
+    position interpolation, and the training size with shuffled patches."""
+    return ([(f"{unit} {s}", s, False, False) for s in sizes]
+            + [(f"{unit} {s} interp.", s, True, False) for s in sizes[1:]]
+            + [(f"{unit} {sizes[0]} shuffled", sizes[0], False, True)])
+
+
+def aggregate(results: list[dict[str, Any]], sizes: list[int], unit: str = "grid"
+              ) -> dict[str, dict[str, dict[str, float]]]:
+    """Per encoding and column: mean, std (over seeds; 0 for one seed), min, max, n."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for enc in dict.fromkeys(r["encoding"] for r in results):
+        runs = [r for r in results if r["encoding"] == enc]
+        cols = {"best val": [r["train"]["best_val_top1"] for r in runs]}
+        for label, size, interp, shuffle in columns(sizes, unit):
+            cols[label] = [v for r in runs if (v := accuracy(r["rows"], size, interp, shuffle)) is not None]
+        out[enc] = {label: dict(mean=statistics.fmean(v), std=statistics.stdev(v) if len(v) > 1 else 0.0,
+                                min=min(v), max=max(v), n=len(v)) for label, v in cols.items() if v}
+    return out
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """Markdown: one row per encoding, mean ± std over seeds of each column (the mean alone for one seed)."""
+    labels = ["best val"] + [c[0] for c in columns(summary["sizes"], summary["unit"])]
+    several = len(summary["seeds"]) > 1
+    lines = ["| encoding | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for enc, cols in summary["aggregate"].items():
+        cells = [(f"{c['mean']:.3f} ± {c['std']:.3f}" if several else f"{c['mean']:.3f}") if (c := cols.get(label))
+                 else "-" for label in labels]
+        lines.append(f"| `{enc}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_results(summary: dict[str, Any], results_dir: Path, title: str) -> None:
+    """summary.json, summary.md (the table) and accuracy_vs_size.png (mean and range over seeds)."""
+    from .evaluation import plot_sweep_summary, write_json
+
+    results_dir.mkdir(parents=True, exist_ok=True)
+    write_json(summary, results_dir / "summary.json")
+    (results_dir / "summary.md").write_text(summary_table(summary) + "\n")
+    plot_sweep_summary(summary["runs"], results_dir / "accuracy_vs_size.png", title=title)
+
+
+def train_fields(cfg: Any) -> dict[str, Any]:
+    """A TrainConfig as the plain dict a worker rebuilds it from."""
+    return asdict(cfg)

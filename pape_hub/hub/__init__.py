@@ -1,0 +1,187 @@
+"""Pushing checkpoints to a Hugging Face Hub and loading them back, all through ``huggingface_hub``.
+
+* :func:`check_push_target` - repo id, token and endpoint, checked before any training starts;
+* :func:`push_checkpoint` - one checkpoint folder (weights, config, processor config, remote-code files, results,
+  plots and the model card) uploaded in a single commit; re-pushing makes a new commit and deletes nothing;
+* :class:`HubTarget` - where the main job publishes: the Hub your token points at, or an endpoint it starts on
+  127.0.0.1 (:mod:`pape_hub.hub.server`) when no token is configured.
+
+The endpoint is ``huggingface_hub``'s (``HF_ENDPOINT``, default the public Hub); the token comes from the usual
+places (``HF_TOKEN``, the saved login).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CHECKPOINT_FILES", "HubTarget", "check_checkpoint_dir", "check_push_target", "push_checkpoint"]
+
+#: what a pushed checkpoint repo holds (everything else in the folder stays local)
+CHECKPOINT_FILES = ["model.safetensors", "config.json", "preprocessor_config.json", "video_preprocessor_config.json",
+                    "*.py", "README.md", "*.png", "eval.json", "results.json"]
+
+
+def check_repo_id(repo_id: str) -> str:
+    """``namespace/name`` with the Hub's rules (letters, digits, ``-_.``, at most 96 characters per part)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not isinstance(repo_id, str) or repo_id.count("/") != 1:
+        raise ValueError(f"repo id {repo_id!r} is malformed: expected 'namespace/name', e.g. 'my-org/vit-b16-pape'")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise ValueError(f"repo id {repo_id!r} is malformed: {err}") from err
+    return repo_id
+
+
+def hub_token() -> str | None:
+    from huggingface_hub import get_token
+
+    return get_token()
+
+
+def check_push_target(repo_id: str) -> str:
+    """Fail fast (before training) on a malformed repo id, a missing or rejected token, or an unreachable
+    endpoint. Returns the repo id."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import HfHubHTTPError
+
+    check_repo_id(repo_id)
+    token = hub_token()
+    if token is None:
+        raise PermissionError(f"pushing to {repo_id} needs a Hugging Face token with write access: set HF_TOKEN or "
+                              f"run `hf auth login` (endpoint {constants.ENDPOINT})")
+    try:
+        HfApi(token=token).whoami()
+    except HfHubHTTPError as err:
+        status = getattr(err.response, "status_code", None)
+        raise PermissionError(f"the Hub at {constants.ENDPOINT} refused the token (HTTP {status}); check HF_TOKEN"
+                              ) from err
+    except OSError as err:
+        raise ConnectionError(f"cannot reach the Hub at {constants.ENDPOINT} ({err}); check the network or "
+                              "HF_ENDPOINT (`pape-hub hub serve` runs one on this machine)") from err
+    return repo_id
+
+
+def check_checkpoint_dir(directory: str | Path) -> dict[str, Any]:
+    """A folder :func:`pape_hub.save_checkpoint` (or training) wrote: its config, after checking it is whole."""
+    from safetensors import SafetensorError, safe_open
+
+    from ..checkpoint import read_config
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {directory} does not exist")
+    config = read_config(directory)  # names a missing or corrupt config.json
+    if "position_encoding" not in config or "architecture" not in config:
+        raise ValueError(f"{directory / 'config.json'} is not a pape_hub checkpoint config (no position_encoding / "
+                         "architecture); write the folder with pape_hub.save_checkpoint")
+    weights = directory / "model.safetensors"
+    if not weights.exists():
+        raise FileNotFoundError(f"{directory} has no model.safetensors")
+    try:
+        with safe_open(str(weights), "pt") as fh:
+            fh.keys()
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"{weights} is corrupt or not a safetensors file: {err}") from err
+    return config
+
+
+def push_checkpoint(directory: str | Path, repo_id: str, private: bool = False, commit_message: str | None = None
+                    ) -> str:
+    """Upload a checkpoint folder to ``repo_id`` in one commit; returns the commit URL.
+
+    The repo is created if needed. A model card this package generated (or none) is (re)written for ``repo_id``
+    first, from the folder's config and results, so its loading snippet names the real repo."""
+    from huggingface_hub import HfApi
+
+    from ..card import GENERATED_MARK, card_from_folder
+
+    directory = Path(directory)
+    config = check_checkpoint_dir(directory)
+    check_push_target(repo_id)
+    card = directory / "README.md"
+    if not card.exists() or GENERATED_MARK in card.read_text():  # a card the user wrote is left as it is
+        card_from_folder(directory, repo_id=repo_id)
+    api = HfApi(token=hub_token())
+    api.create_repo(repo_id, private=private, exist_ok=True)
+    info = api.upload_folder(
+        repo_id=repo_id, folder_path=str(directory), allow_patterns=CHECKPOINT_FILES,
+        commit_message=commit_message or f"Upload {config['architecture']} ({config['position_encoding']})")
+    return str(info.commit_url or info.repo_url)
+
+
+@dataclass
+class HubTarget:
+    """Where the main job publishes. ``kind`` is ``"real"`` (the configured endpoint, with your token) or
+    ``"local"`` (an endpoint on 127.0.0.1 started for the session, stored in a temporary folder)."""
+
+    kind: str
+    namespace: str
+    endpoint: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    server: Any = None
+
+    @classmethod
+    def resolve(cls, mode: str, namespace: str | None = None) -> HubTarget:
+        from huggingface_hub import HfApi, constants
+
+        if mode not in ("auto", "real", "local"):
+            raise ValueError(f"hub mode must be auto, real or local, got {mode!r}")
+        token = hub_token()
+        if mode == "real" or (mode == "auto" and token):
+            try:
+                user = HfApi(token=token).whoami()["name"] if token else None
+            except Exception as err:  # noqa: BLE001 - any failure here means "not reachable with this token"
+                if mode == "real":
+                    raise ConnectionError(f"--hub real: the Hub at {constants.ENDPOINT} did not accept the token "
+                                          f"({type(err).__name__}: {err})") from err
+                print(f"note: a Hub token is configured but {constants.ENDPOINT} did not answer ({type(err).__name__})"
+                      "; publishing to a local Hub endpoint instead", flush=True)
+            else:
+                if user is None:
+                    raise PermissionError("--hub real needs a token: set HF_TOKEN or run `hf auth login`")
+                return cls("real", namespace or user, constants.ENDPOINT)
+        return cls("local", namespace or "pape-hub")
+
+    @contextmanager
+    def session(self) -> Iterator[HubTarget]:
+        """Start (and afterwards stop) the local endpoint; nothing to do for the real Hub."""
+        if self.kind != "local":
+            yield self
+            return
+        from .server import LocalHub
+
+        with tempfile.TemporaryDirectory(prefix="pape_hub_local_hub_") as tmp:
+            self.server = LocalHub(Path(tmp) / "data").start()
+            self.endpoint = self.server.url
+            self.env = dict(self.server.client_env(), HF_HOME=str(Path(tmp) / "hf_home"))
+            try:
+                yield self
+            finally:
+                self.server.stop()
+                self.server = None
+
+    def publish(self, items: list[tuple[Path, str]]) -> dict[str, dict[str, Any]]:
+        """Push each (checkpoint folder, repo id) and load it back by repo id through timm and transformers, in a
+        fresh process whose ``huggingface_hub`` points at this target (it reads the endpoint at import time)."""
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+            json.dump([[str(c), r] for c, r in items], fh)
+        try:
+            env = dict(os.environ, **self.env, PYTHONUNBUFFERED="1")
+            done = subprocess.run([sys.executable, "-m", "pape_hub.hub.roundtrip", fh.name], capture_output=True,
+                                  text=True, env=env, timeout=1800)
+        finally:
+            os.unlink(fh.name)
+        if done.returncode != 0:
+            raise RuntimeError(f"publishing to {self.endpoint} failed:\n{done.stderr[-3000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])

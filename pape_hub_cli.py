@@ -1,0 +1,91 @@
+"""The ``pape-hub`` command line.
+
+This module lives beside the ``pape_hub`` package, not in it: ``import pape_hub`` registers every model with timm
+and transformers (several seconds of imports), and ``pape-hub --help`` / ``--version`` should not pay for that. A
+command's module (``pape_hub.commands.<name>``) is imported only once that command is chosen.
+
+Errors print one line naming the problem (``--debug`` anywhere on the line shows the traceback instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+__all__ = ["COMMANDS", "HelpFormatter", "main"]
+
+COMMANDS = {
+    "arrows": "the main job: train encodings on the arrow task and compare them on larger grids",
+    "compare": "train several encodings on one dataset and compare them across resolutions (e.g. digits)",
+    "train": "train a model (accelerate) on the arrow task, a video task or an image/video dataset",
+    "eval": "evaluate a checkpoint across sizes, with and without position interpolation",
+    "push": "upload a checkpoint folder (weights, config, code, model card, results) to the Hub",
+    "hub": "a Hugging Face Hub endpoint on 127.0.0.1 (`pape-hub hub serve`) for offline push and pull",
+    "card": "write a checkpoint's model card from its results JSON",
+    "report": "regenerate the README's results tables from results/ (or --check that they are current)",
+    "bench": "speed of every encoding against timm's own ViTs",
+    "profile": "per-layer kernel counts and bytes moved by each encoding's positional work",
+    "zoo": "build registered models and run them at two resolutions",
+}
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown after every option; descriptions (with their examples) keep their line breaks."""
+
+
+def package_version() -> str:
+    try:
+        return version("pape_hub")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def top_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pape-hub", formatter_class=HelpFormatter,
+        description="pape_hub: every modern vision position encoding in timm and transformers ViTs and ViViTs.",
+        epilog="`pape-hub COMMAND --help` describes a command. Add --debug anywhere for a full traceback on error.")
+    parser.add_argument("--version", action="version", version=f"pape-hub {package_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for name, text in COMMANDS.items():
+        sub.add_parser(name, help=text, add_help=False)
+    return parser
+
+
+def command_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
+    module = importlib.import_module(f"pape_hub.commands.{name}")
+    parser = argparse.ArgumentParser(prog=f"pape-hub {name}", description=module.__doc__, formatter_class=HelpFormatter)
+    module.add_arguments(parser)
+    return parser, module
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    name = next((a for a in argv if not a.startswith("-")), None)
+    if name is None or name not in COMMANDS:
+        top_parser().parse_args(argv)  # --help / --version / a usage error naming the valid commands
+        top_parser().print_help()
+        return 2
+    rest = argv[argv.index(name) + 1 :]
+    try:
+        parser, module = command_parser(name)
+        args = parser.parse_args(rest)
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"pape-hub {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - the command line reports every failure in one line
+        if debug:
+            raise
+        message = " ".join(str(err).split()) or type(err).__name__
+        print(f"pape-hub {name}: error: {message} ({type(err).__name__}; --debug shows the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
