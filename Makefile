@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup main test lint zoo
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q -e '.[dev]'
+	$(VENV)/bin/python -m pip install -q -c requirements.lock -e '.[dev]'
 	touch $(STAMP)
 
 setup: $(STAMP)

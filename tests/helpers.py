@@ -35,10 +35,15 @@ def random_qkx(num_tokens: int, batch: int = 2, seed: int = 2) -> tuple[torch.Te
     return q, k, x
 
 
+def transform(enc: PositionEncoding, layer: int, q, k, x, state) -> tuple[torch.Tensor, torch.Tensor]:
+    """The encoding's q/k transform on separate q and k (the hook takes them stacked)."""
+    return enc.transform_qk(layer, torch.stack([q, k]), x, state).unbind(0)
+
+
 def logits(enc: PositionEncoding, pos: TokenPositions, q, k, x, layer: int = 0) -> torch.Tensor:
     """Scaled attention logits (B, H, T, T) exactly as PositionalAttention's eager path forms them."""
     state = enc.prepare(pos)
-    q2, k2 = enc.transform_qk(layer, q, k, x, state)
+    q2, k2 = transform(enc, layer, q, k, x, state)
     out = (q2 @ k2.transpose(-1, -2)) * HEAD_DIM**-0.5
     bias = enc.attn_bias(layer, q2, k2, state)
     return out if bias is None else out + bias

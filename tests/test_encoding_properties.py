@@ -17,11 +17,13 @@ from helpers import (
     random_coords,
     random_qkx,
     rotation_2d,
+    transform,
 )
 
 from pape_hub.encodings import EncodingContext, TokenPositions, create_encoding, grid_positions, list_encodings
 from pape_hub.encodings.alibi import alibi_slopes, assign_head_views, split_heads
 from pape_hub.encodings.liere import LieRE
+from pape_hub.encodings.pape import quadratic_query_coefficients
 
 N = 12  # patch tokens in the free-form tests
 
@@ -84,7 +86,7 @@ def test_rope_scores_depend_on_offset_only(name):
         def score(pq, pk, layer=layer):
             coords = torch.cat([pq, pk])
             qq, kk = torch.cat([q, q], 2), torch.cat([k, k], 2)
-            qr, kr = enc.transform_qk(layer, qq, kk, torch.cat([x, x], 1), enc.prepare(free_positions(coords, 0)))
+            qr, kr = transform(enc, layer, qq, kk, torch.cat([x, x], 1), enc.prepare(free_positions(coords, 0)))
             return (qr[:, :, 0] * kr[:, :, 1]).sum(-1)
 
         torch.testing.assert_close(score(a + t, b + t), score(a, b), rtol=1e-10, atol=1e-10)
@@ -102,7 +104,7 @@ def test_polar_rope_scores_depend_on_polar_offsets_only():
     def score(pq, pk):
         coords = torch.cat([pq, pk, corners])
         qq, kk = q.expand(-1, -1, 6, -1), k.expand(-1, -1, 6, -1)
-        qr, kr = enc.transform_qk(0, qq, kk, x.expand(-1, 6, -1), enc.prepare(free_positions(coords, 0)))
+        qr, kr = transform(enc, 0, qq, kk, x.expand(-1, 6, -1), enc.prepare(free_positions(coords, 0)))
         return (qr[:, :, 0] * kr[:, :, 1]).sum(-1)
 
     same_offsets = score(at(1.0, 0.3), at(2.0, 1.0)), score(at(2.5, -0.5), at(3.5, 0.2))  # dr = 1, dtheta = 0.7
@@ -110,12 +112,27 @@ def test_polar_rope_scores_depend_on_polar_offsets_only():
     assert (score(at(1.0, 0.3), at(2.0, 1.0)) - score(at(1.0, 0.3), at(2.0, 1.5))).abs().max() > 1e-6
 
 
+def test_rotation_tables_rotate_pairs_and_leave_prefix_tokens():
+    from pape_hub.encodings.rotary import rotate_pairs, rotation_tables
+
+    phases = torch.rand(3, 2, dtype=torch.float64) * 6  # 3 tokens, 2 pairs
+    cos, sin = rotation_tables(phases, num_prefix=1)
+    x = torch.randn(4, 4, dtype=torch.float64)  # prefix token + 3 tokens, head dim 4
+    out = rotate_pairs(x, cos, sin)
+    torch.testing.assert_close(out[0], x[0])  # the prefix token is not rotated
+    for t in range(3):
+        for k in range(2):
+            c, s_ = math.cos(phases[t, k]), math.sin(phases[t, k])
+            x1, x2 = x[1 + t, 2 * k], x[1 + t, 2 * k + 1]
+            torch.testing.assert_close(out[1 + t, 2 * k: 2 * k + 2], torch.stack([x1 * c - x2 * s_, x1 * s_ + x2 * c]))
+
+
 def test_polar_rope_layout():
     """First half of each head rotated by r, second half by theta, about the grid centre."""
     enc = make_encoding("polar_rope", grid=(3, 3), num_prefix=0)
     pos = grid_positions((3, 3), 0, dtype=torch.float64)
-    cos, sin = enc.prepare(pos)
-    phases = torch.atan2(sin, cos)[0, 0]  # (N, hd/2)
+    cos, sin = enc.prepare(pos)  # full width: cos per pair, sin signed (-sin, +sin) per pair
+    phases = torch.atan2(sin[..., 1::2], cos[..., ::2])[0, 0]  # (N, hd/2)
     centre = 4  # the middle of a 3x3 grid: r = 0 and theta = atan2(0, 0) = 0
     assert torch.allclose(phases[centre], torch.zeros_like(phases[centre]))
     right = 5  # (x=2, y=1): r = 1, theta = 0 -> only the radial half turns, its first pair by exactly 1 rad
@@ -145,16 +162,35 @@ def test_pape_fused_width_does_not_depend_on_m():
         enc = make_encoding("pape", grid=grid, num_prefix=1, num_parabolas=m)
         pos = grid_positions(grid, 1, dtype=torch.float64)
         q, k, x = random_qkx(1 + pos.num_patches)
-        q2, k2 = enc.transform_qk(0, q, k, x, enc.prepare(pos))
-        assert q2.shape[-1] == k2.shape[-1] == HEAD_DIM + extra
+        q2, k2 = transform(enc, 0, q, k, x, enc.prepare(pos))
+        assert q2.shape[-1] == k2.shape[-1] == HEAD_DIM + extra  # on CPU: no padding
+        assert enc.padding(torch.device("cuda")) == -(HEAD_DIM + extra) % 8  # on a GPU: a multiple of 8
 
 
-def test_pape_curvature_is_concave():
-    enc = make_encoding("pape", num_prefix=0)
-    pos = grid_positions((4, 5), 0, dtype=torch.float64)
-    q, k, x = random_qkx(pos.num_patches)
-    quad, _ = enc.coefficients(0, x, enc.prepare(pos))
-    assert (torch.linalg.eigvalsh(quad) <= 1e-12).all()  # W_p^T diag(a) W_p with a < 0 is negative semi-definite
+def test_pape_padding_for_gpu_kernels_adds_zero_channels_only(monkeypatch):
+    for name in ("pape", "pape_ri"):
+        enc = make_encoding(name, num_prefix=1)
+        pos = grid_positions((4, 5), 1, dtype=torch.float64)
+        q, k, x = random_qkx(1 + pos.num_patches)
+        plain = logits(enc, pos, q, k, x)
+        monkeypatch.setattr(type(enc), "padding", lambda self, device: 3)  # as a GPU would pad
+        enc._cache = {}
+        q2, k2 = transform(enc, 0, q, k, x, enc.prepare(pos))
+        assert q2.shape[-1] == HEAD_DIM + enc.channels + 3 and (q2[..., -3:] == 0).all() and (k2[..., -3:] == 0).all()
+        torch.testing.assert_close(logits(enc, pos, q, k, x), plain, rtol=1e-12, atol=1e-12)
+        monkeypatch.undo()
+
+
+def test_pape_curvature_is_concave_and_the_folded_channels_match_the_written_out_form():
+    enc = make_encoding("pape", num_prefix=1)
+    pos = grid_positions((4, 5), 1, dtype=torch.float64)
+    q, k, x = random_qkx(1 + pos.num_patches)
+    state = enc.prepare(pos)
+    for layer in range(enc.ctx.depth):
+        quad, lin = enc.coefficients(layer, x, state["r"])
+        assert (torch.linalg.eigvalsh(quad) <= 1e-12).all()  # W_p^T diag(a) W_p with a < 0: negative semi-definite
+        folded = enc.query_channels(layer, x, state)[..., : enc.channels]  # the forward's once-per-forward form
+        torch.testing.assert_close(folded, quadratic_query_coefficients(quad, lin), rtol=1e-10, atol=1e-12)
 
 
 def test_pape_cls_sits_one_step_before_the_first_patch():
@@ -196,7 +232,7 @@ def test_qk_methods_leave_cls_unrotated_or_documented(name):
     enc = make_encoding(name, num_prefix=1)
     pos = grid_positions((4, 5), 1, dtype=torch.float64)
     q, k, x = random_qkx(1 + pos.num_patches)
-    q2, k2 = enc.transform_qk(0, q, k, x, enc.prepare(pos))
+    q2, k2 = transform(enc, 0, q, k, x, enc.prepare(pos))
     torch.testing.assert_close(q2[:, :, 0, :HEAD_DIM], q[:, :, 0])  # CLS content channels untouched
     torch.testing.assert_close(k2[:, :, 0, :HEAD_DIM], k[:, :, 0])
     if name not in ("pape", "pape_ri"):  # PaPE moves patches only through the extra channels too
@@ -354,5 +390,5 @@ def test_liere_per_layer_training_path_equals_cached_inference_path():
         cached = enc.prepare(pos)
     assert cached[1] is not None
     for layer in range(enc.ctx.depth):
-        for a, b in zip(enc.transform_qk(layer, q, k, x, lazy), enc.transform_qk(layer, q, k, x, cached)):
+        for a, b in zip(transform(enc, layer, q, k, x, lazy), transform(enc, layer, q, k, x, cached)):
             torch.testing.assert_close(a, b.detach(), rtol=1e-12, atol=1e-12)

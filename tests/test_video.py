@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import timm
 import torch
-from helpers import free_positions, logits, make_encoding, random_coords, random_qkx
+from helpers import free_positions, logits, make_encoding, random_coords, random_qkx, transform
 
 import pape_hub
 from pape_hub.checkpoint import load_checkpoint, save_checkpoint
@@ -68,8 +68,9 @@ def test_fused_pape_equals_the_pairwise_formula_with_p3(name, num_prefix):
     q, k, x = random_qkx(num_prefix + pos.num_patches)
     state = enc.prepare(pos)
     for layer in range(enc.ctx.depth):
-        qa, ka = enc.transform_qk(layer, q, k, x, state)
-        assert qa.shape[-1] == q.shape[-1] + 9  # p(p + 1)/2 + p extra channels for p = 3
+        qa, ka = transform(enc, layer, q, k, x, state)
+        extra = 9 if name == "pape" else 6  # p(p + 1)/2 + p channels for p = 3 (PaPE-RI: 2p, no cross terms)
+        assert qa.shape[-1] == q.shape[-1] + extra
         fused = (qa @ ka.transpose(-1, -2)).softmax(-1)
         pairwise = enc.pairwise_scores(layer, q, k, x, pos).softmax(-1)
         torch.testing.assert_close(fused, pairwise, rtol=1e-9, atol=1e-12)

@@ -5,7 +5,7 @@ Three mechanisms cover every method in this package, and an encoding may use mor
 * ``tokens`` - a vector is added to the token embeddings once, before the first block
   (:meth:`PositionEncoding.add_to_tokens`);
 * ``qk`` - queries and keys are transformed per layer before attention
-  (:meth:`PositionEncoding.transform_qk`), which keeps attention fused;
+  (:meth:`PositionEncoding.transform_qk`, both at once: one pass, fewer kernels), which keeps attention fused;
 * ``bias`` - an additive logit bias is passed to attention as ``attn_mask``
   (:meth:`PositionEncoding.attn_bias`).
 
@@ -166,14 +166,12 @@ class PositionEncoding(nn.Module):
         """Per-forward state shared by all layers (angles, rotations, cached biases)."""
         return None
 
-    def transform_qk(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, state: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k: (B, heads, P+N, head_dim); x: (B, P+N, D), the block's normed input.
-
-        May return wider q and k (both the same width); attention then pads v to match.
+    def transform_qk(self, layer: int, qk: torch.Tensor, x: torch.Tensor, state: Any) -> torch.Tensor:
+        """qk: queries and keys stacked, (2, B, heads, P+N, head_dim) (a view of the qkv projection); x: (B, P+N, D),
+        the block's normed input. Returns the transformed stack; it may be wider (queries and keys the same width),
+        and attention then pads v to match.
         """
-        return q, k
+        return qk
 
     def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor | None:
         """Additive logit bias, added after the q.k scaling: (heads, P+N, P+N) or (B, heads, P+N, P+N)."""
@@ -193,16 +191,17 @@ class PositionEncoding(nn.Module):
         return set()
 
     def cached(self, key: Any, build: Callable[[], Any], depends_on_params: bool = False) -> Any:
-        """Build once per key. Learned state is cached only where no gradient can flow into it, and its key
-        carries the parameters' version counters so an optimizer step or a weight load invalidates it."""
+        """Build once per key. The key carries the version counters of the encoding's parameters and buffers, so
+        an optimizer step or a weight load (which writes them in place) invalidates the entry. State built from
+        learned parameters (``depends_on_params``) is not cached while gradients can flow into them."""
         if key is None or torch.compiler.is_compiling():  # compiled graphs fold the build in; no Python cache
             return build()
+        if depends_on_params and torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+            return build()
+        tensors = [*self.parameters(), *self.buffers()]
         # tensors made under inference_mode cannot enter autograd later: keep the two kinds apart
-        key = (key, torch.is_inference_mode_enabled())
-        if depends_on_params:
-            if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
-                return build()
-            key = (key, tuple(p._version for p in self.parameters()), tuple(p.data_ptr() for p in self.parameters()))
+        key = (key, torch.is_inference_mode_enabled(), tuple(t._version for t in tensors),
+               tuple(t.data_ptr() for t in tensors))
         hit = self._cache.get(key)
         if hit is None:
             hit = build()

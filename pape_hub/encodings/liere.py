@@ -60,8 +60,8 @@ class LieRE(PositionEncoding):
         self.register_buffer("position_scale", 1.0 / (grid - 1).clamp(min=1))
 
     def rotations(self, coords: torch.Tensor, layer: int | None = None) -> torch.Tensor:
-        """(N, p) patch coordinates -> (depth, heads, N, blocks, b, b) rotations, or (heads, N, blocks, b, b)
-        for one ``layer``; float32 (float64 for float64 coordinates)."""
+        """(T, p) token coordinates -> (depth, heads, T, blocks, b, b) rotations, or (heads, T, blocks, b, b)
+        for one ``layer``; float32 (float64 for float64 coordinates). A token at the origin gets the identity."""
         work = compute_dtype(coords)
         pos = coords.to(work) * self.position_scale.to(work)
         raw = self.generators if layer is None else self.generators[layer : layer + 1]
@@ -71,17 +71,23 @@ class LieRE(PositionEncoding):
         rot = torch.linalg.matrix_exp(log_rot.reshape(-1, b, b)).reshape(log_rot.shape)  # flat batch for compile
         return rot if layer is None else rot[0]
 
+    @staticmethod
+    def token_coordinates(pos: TokenPositions) -> torch.Tensor:
+        """(P+N, p): prefix tokens at the origin, whose rotation is the identity (the reference's zero
+        generator), so every token is rotated by one einsum with no slicing."""
+        return torch.nn.functional.pad(pos.coords, (0, 0, pos.num_prefix_tokens, 0))
+
     def prepare(self, pos: TokenPositions) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(coordinates, all-layer rotations). While gradients flow into the generators the rotations are left
-        to :meth:`transform_qk`, one layer at a time: the backward of one all-layer ``matrix_exp`` would hold
+        """(token coordinates, all-layer rotations). While gradients flow into the generators the rotations are
+        left to :meth:`transform_qk`, one layer at a time: the backward of one all-layer ``matrix_exp`` would hold
         every layer's intermediates at once (over 10 GB for dense LieRE at ViT-B/16)."""
         if torch.is_grad_enabled() and self.generators.requires_grad:
-            return pos.coords, None
+            return self.token_coordinates(pos), None
         if torch.compiler.is_compiling():
             # a compiled graph would recompute every matrix_exp on each call; look the cache up eagerly instead
             # (one graph break, inference only)
-            return pos.coords, self._cached_rotations_eagerly(pos)
-        return pos.coords, self._cached_rotations(pos)
+            return self.token_coordinates(pos), self._cached_rotations_eagerly(pos)
+        return self.token_coordinates(pos), self._cached_rotations(pos)
 
     @torch.compiler.disable
     def _cached_rotations_eagerly(self, pos: TokenPositions) -> torch.Tensor:
@@ -92,33 +98,34 @@ class LieRE(PositionEncoding):
             # layer by layer into one tensor: matrix_exp's temporaries for every layer at once need ~10x the
             # result (over 20 GB for dense LieRE at ViT-B/16, 448 px)
             with torch.autocast(pos.coords.device.type, enabled=False):
-                first = self.rotations(pos.coords, 0)
+                coords = self.token_coordinates(pos)
+                first = self.rotations(coords, 0)
                 out = first.new_empty((self.ctx.depth, *first.shape))
                 out[0] = first
                 for layer in range(1, self.ctx.depth):
-                    out[layer] = self.rotations(pos.coords, layer)
+                    out[layer] = self.rotations(coords, layer)
                 return out
 
         return self.cached(pos.cache_key(), build, depends_on_params=True)
 
-    def rotate(self, t: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
-        """t: (B, H, P+N, hd); rot: (H, N, G, b, b). Rotates the first G*b dims of the patch tokens."""
-        p, span = self.ctx.num_prefix_tokens, self.num_blocks * self.block_size
-        patches = t[:, :, p:, :span].to(rot.dtype).unflatten(-1, (self.num_blocks, self.block_size))  # (B,H,N,G,b)
-        rotated = torch.einsum("hngij,bhngj->bhngi", rot, patches).flatten(-2).to(t.dtype)
-        rotated = torch.cat([rotated, t[:, :, p:, span:]], dim=-1)
-        return torch.cat([t[:, :, :p], rotated], dim=2) if p else rotated
+    def rotate(self, qk: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+        """qk: (2, B, H, P+N, hd); rot: (H, P+N, G, b, b). Rotates the first G*b dims of every token."""
+        span = self.num_blocks * self.block_size
+        work = qk.to(rot.dtype)
+        blocks = work[..., :span].unflatten(-1, (self.num_blocks, self.block_size))  # (2, B, H, T, G, b)
+        rotated = torch.einsum("htgij,sbhtgj->sbhtgi", rot, blocks).flatten(-2)
+        if span < qk.shape[-1]:  # head dims beyond the last full block stay as they are
+            rotated = torch.cat([rotated, work[..., span:]], dim=-1)
+        return rotated.to(qk.dtype)
 
-    def transform_qk(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, state: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def transform_qk(self, layer: int, qk: torch.Tensor, x: torch.Tensor, state: Any) -> torch.Tensor:
         coords, all_layers = state
         if all_layers is not None:
             rot = all_layers[layer]
         else:
             with torch.autocast(coords.device.type, enabled=False):
                 rot = self.rotations(coords, layer)
-        return self.rotate(q, rot), self.rotate(k, rot)
+        return self.rotate(qk, rot)
 
     def no_weight_decay(self) -> set[str]:
         return {"generators"}

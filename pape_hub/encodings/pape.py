@@ -13,7 +13,15 @@ So queries gain p(p+1)/2 + p coefficient channels and keys the matching monomial
 images, 9 for video, whatever m is - instead of the paper's 3m + 2 (eq. 13-14). ``b`` enters only through
 W_p^T b_i, so W_p^T W_b is folded into one (p x d) map per head. No N x N tensor is formed and attention stays
 on ``scaled_dot_product_attention``; like the reference code, the softmax scale stays head_dim^-1/2 of the
-original head, so the positional term is scaled with q.k.
+original head, so the positional term is scaled with q.k. On a GPU the widened head is zero-padded to a multiple
+of 8 channels (what the fused GPU kernels need; the reference pads the same way); CPU kernels take any width and
+run faster without the padding.
+
+Cost. Everything that depends on positions and parameters only is made once per forward for all layers (and
+cached between forwards at inference): the keys' monomials, s = W_p r, the matrices that turn the curvatures
+into quadratic coefficients, and one stacked projection [W_a; W_p^T W_b] per layer. A layer then needs one
+linear map of x, a softplus, two small matmuls and the concatenation with q and k - about ten kernels for q and
+k together, independent of m.
 
 Positions follow the reference code: patches at integer grid coordinates starting at 1, CLS at the origin
 (0, 0), i.e. one step before the first patch on every axis: a token just outside the top-left corner that
@@ -61,7 +69,7 @@ def quadratic_query_coefficients(quad: torch.Tensor, lin: torch.Tensor) -> torch
 
 
 class ParabolicEncoding(PositionEncoding):
-    """Shared machinery: positions, and appending the quadratic channels to q and k.
+    """Shared machinery: positions, the keys' channels, and widening q and k.
 
     ``position_scale`` multiplies the positions (1, the default, keeps the reference's patch units; the
     reference's ``normalize`` option is another rescaling). The quadratic term grows with its square, so it sets
@@ -75,6 +83,16 @@ class ParabolicEncoding(PositionEncoding):
         if not position_scale > 0:
             raise ValueError(f"{self.name or 'pape'} position_scale must be positive, got {position_scale}")
         self.position_scale = float(position_scale)
+        self.channels = self.num_channels(ctx.ndim)
+
+    def padding(self, device: torch.device) -> int:
+        """Zero channels that make the widened head a multiple of 8 on a GPU (none on CPU)."""
+        return -(self.ctx.head_dim + self.channels) % 8 if device.type != "cpu" else 0
+
+    @staticmethod
+    def num_channels(p: int) -> int:
+        """Extra query/key channels for p-D positions."""
+        raise NotImplementedError
 
     def token_positions(self, pos: TokenPositions) -> torch.Tensor:
         """(P+N, p) positions: patches at grid index + 1 (times the interpolation factor), prefix tokens one
@@ -85,23 +103,33 @@ class ParabolicEncoding(PositionEncoding):
         prefix = (first - step).expand(pos.num_prefix_tokens, -1)
         return (torch.cat([prefix, patches]) - (first + last) / 2) * self.position_scale
 
-    def prepare(self, pos: TokenPositions) -> torch.Tensor:
-        return self.cached(pos.cache_key(), lambda: self.token_positions(pos))
-
-    def coefficients(self, layer: int, x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Query coefficients for layer ``layer``: quad (B, H, P+N, p, p), lin (B, H, P+N, p)."""
+    def key_channels(self, r: torch.Tensor) -> torch.Tensor:
+        """(T, p) positions -> (T, channels) monomials the keys gain."""
         raise NotImplementedError
 
-    def transform_qk(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, state: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def layer_state(self, r: torch.Tensor, padding: int) -> dict[str, torch.Tensor]:
+        """Tensors every layer needs that depend on positions and parameters only, stacked over layers."""
+        raise NotImplementedError
+
+    def query_channels(self, layer: int, x: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        """x (B, T, D) -> (B, H, T, channels + padding) query coefficients of layer ``layer``."""
+        raise NotImplementedError
+
+    def prepare(self, pos: TokenPositions) -> dict[str, torch.Tensor]:
+        def build() -> dict[str, torch.Tensor]:
+            with torch.autocast(pos.coords.device.type, enabled=False):
+                r = self.token_positions(pos)
+                padding = self.padding(r.device)
+                keys = F.pad(self.key_channels(r), (0, padding))  # (T, channels + padding)
+                return dict(r=r, keys=keys, **self.layer_state(r, padding))
+
+        return self.cached(pos.cache_key(), build, depends_on_params=True)
+
+    def transform_qk(self, layer: int, qk: torch.Tensor, x: torch.Tensor, state: Any) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
-            x = x.to(compute_dtype(x))
-            r = state.to(x.dtype)  # (P+N, p), centred
-            quad, lin = self.coefficients(layer, x, r)
-            q_extra = quadratic_query_coefficients(quad, lin)  # (B, H, P+N, E)
-            k_extra = quadratic_key_monomials(r).expand(k.shape[0], k.shape[1], -1, -1)  # (B, H, P+N, E)
-        return torch.cat([q, q_extra.to(q.dtype)], dim=-1), torch.cat([k, k_extra.to(k.dtype)], dim=-1)
+            queries = self.query_channels(layer, x.to(state["keys"].dtype), state)  # (B, H, T, E)
+        extra = torch.stack([queries, state["keys"].expand_as(queries)]).to(qk.dtype)  # (2, B, H, T, E)
+        return torch.cat([qk, extra], dim=-1)
 
 
 @register_encoding("pape")
@@ -129,16 +157,47 @@ class PaPE(ParabolicEncoding):
         nn.init.uniform_(self.curvature_proj, -1 / math.sqrt(d), 1 / math.sqrt(d))
         nn.init.uniform_(self.tilt_proj, -1 / math.sqrt(d), 1 / math.sqrt(d))
 
+    @staticmethod
+    def num_channels(p: int) -> int:
+        return p * (p + 1) // 2 + p
+
+    def key_channels(self, r: torch.Tensor) -> torch.Tensor:
+        return quadratic_key_monomials(r)
+
+    def layer_state(self, r: torch.Tensor, padding: int) -> dict[str, torch.Tensor]:
+        """With sp = softplus(W_a x) (so a = -sp), the query channels are
+        ``[sp @ quad_from_curvature, (sp * s) @ lin_from_curvature + W_p^T W_b x]``."""
+        depth, h, m, p = self.position_proj.shape
+        w_p = self.position_proj.to(r.dtype)  # (L, H, m, p)
+        rows, cols = _upper_pairs(p)
+        weight = torch.tensor([1.0 if u == v else 2.0 for u, v in zip(rows, cols)], dtype=r.dtype, device=r.device)
+        quad = -w_p[..., rows] * w_p[..., cols] * weight  # (L, H, m, p(p+1)/2): -W_p^T diag(.) W_p entries
+        lin = F.pad(2 * w_p, (0, padding))  # (L, H, m, p + padding): -2 W_p^T (a * s) = 2 W_p^T (sp * s)
+        tilt = torch.einsum("lhmp,lhmd->lhpd", w_p, self.tilt_proj.to(r.dtype).unflatten(1, (h, m)))  # W_p^T W_b
+        tilt = F.pad(tilt, (0, 0, 0, padding))  # (L, H, p + padding, d), zero rows for the padding
+        projection = torch.cat([self.curvature_proj.to(r.dtype), tilt.flatten(1, 2)], dim=1)  # (L, H(m+p+pad), d)
+        s = torch.einsum("lhmp,tp->lhtm", w_p, r)  # (L, H, T, m) projected positions
+        return dict(quad=quad, lin=lin, projection=projection, s=s)
+
+    def query_channels(self, layer: int, x: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        h, m = self.ctx.num_heads, self.num_parabolas
+        y = F.linear(x, state["projection"][layer])  # (B, T, H m + H (p + pad))
+        sp = F.softplus(y[..., : h * m]).unflatten(-1, (h, m)).transpose(1, 2)  # (B, H, T, m) = -a
+        tilt = y[..., h * m :].unflatten(-1, (h, -1)).transpose(1, 2)  # (B, H, T, p + pad) = W_p^T b
+        quad = sp @ state["quad"][layer]  # (B, H, T, p(p+1)/2)
+        lin = (sp * state["s"][layer]) @ state["lin"][layer] + tilt  # (B, H, T, p + pad)
+        return torch.cat([quad, lin], dim=-1)
+
     def coefficients(self, layer: int, x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The query's quadratic form, written out (for tests and reading; the forward uses the folded state):
+        quad (B, H, T, p, p) = W_p^T diag(a_i) W_p, lin (B, H, T, p) = W_p^T (b_i - 2 a_i * s_i)."""
         h, m = self.ctx.num_heads, self.num_parabolas
         w_p = self.position_proj[layer].to(x.dtype)  # (H, m, p)
-        a = -F.softplus(F.linear(x, self.curvature_proj[layer].to(x.dtype)))  # (B, T, H*m)
-        a = a.unflatten(-1, (h, m)).transpose(1, 2)  # (B, H, T, m)
-        s = torch.einsum("hmp,tp->htm", w_p, r)  # (H, T, m) projected positions
-        tilt_to_pos = torch.einsum("hmp,hmd->hpd", w_p, self.tilt_proj[layer].to(x.dtype).unflatten(0, (h, m)))
-        lin = torch.einsum("btd,hpd->bhtp", x, tilt_to_pos)  # W_p^T b_i: (B, H, T, p)
-        lin = lin - 2 * torch.einsum("bhtm,htm,hmp->bhtp", a, s, w_p)  # - 2 W_p^T (a_i * s_i)
-        quad = torch.einsum("bhtm,hmu,hmv->bhtuv", a, w_p, w_p)  # W_p^T diag(a_i) W_p: (B, H, T, p, p)
+        a = -F.softplus(F.linear(x, self.curvature_proj[layer].to(x.dtype))).unflatten(-1, (h, m)).transpose(1, 2)
+        b = F.linear(x, self.tilt_proj[layer].to(x.dtype)).unflatten(-1, (h, m)).transpose(1, 2)
+        s = torch.einsum("hmp,tp->htm", w_p, r)
+        lin = torch.einsum("bhtm,hmp->bhtp", b - 2 * a * s, w_p)
+        quad = torch.einsum("bhtm,hmu,hmv->bhtuv", a, w_p, w_p)
         return quad, lin
 
     def no_weight_decay(self) -> set[str]:
@@ -165,6 +224,9 @@ class PaPERI(ParabolicEncoding):
     code w is a fixed random per-head scale drawn from U(-sqrt(1/p), sqrt(1/p)) (a buffer); the paper leaves
     open whether w is learned, and a learned w would only rescale the learned a. Its one parameter, the
     curvature projection, reads token content and is weight-decayed like any linear layer.
+
+    Without cross terms only 2p channels are needed: queries ``a w^2 [1, .., 1, -2 r_i]`` (the bracket is
+    prepared once, so a layer multiplies it by its curvatures) and keys ``[r_j^2, r_j]``.
     """
 
     paper = "PaPE-RI (Ohrstrom et al. 2026)"
@@ -177,17 +239,27 @@ class PaPERI(ParabolicEncoding):
         bound = math.sqrt(1 / ctx.ndim)
         self.register_buffer("isotropic_scale", torch.empty(ctx.depth, h).uniform_(-bound, bound))
 
+    @staticmethod
+    def num_channels(p: int) -> int:
+        return 2 * p
+
+    def key_channels(self, r: torch.Tensor) -> torch.Tensor:
+        return torch.cat([r * r, r], dim=-1)
+
+    def layer_state(self, r: torch.Tensor, padding: int) -> dict[str, torch.Tensor]:
+        """With sp = softplus(c . x) (a = -sp), the query channels are ``sp * coefficients``."""
+        w2 = self.isotropic_scale.to(r.dtype) ** 2  # (L, H)
+        bracket = F.pad(torch.cat([torch.ones_like(r), -2 * r], dim=-1), (0, padding))  # (T, 2p + pad)
+        return dict(coefficients=-w2[:, :, None, None] * bracket)  # (L, H, T, 2p + pad)
+
     def curvature(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """a_i w^2 per head: (B, H, T)."""
         a = -F.softplus(torch.einsum("btd,hd->bht", x, self.curvature_proj[layer].to(x.dtype)))  # (B, H, T)
         return a * self.isotropic_scale[layer].to(x.dtype)[:, None] ** 2
 
-    def coefficients(self, layer: int, x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        alpha = self.curvature(layer, x)  # (B, H, T)
-        eye = torch.eye(r.shape[-1], device=x.device, dtype=x.dtype)
-        quad = alpha[..., None, None] * eye  # a w^2 I
-        lin = -2 * alpha[..., None] * r  # -2 a w^2 r_i
-        return quad, lin
+    def query_channels(self, layer: int, x: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        sp = F.softplus(F.linear(x, self.curvature_proj[layer].to(x.dtype)))  # (B, T, H)
+        return sp.transpose(1, 2)[..., None] * state["coefficients"][layer]  # (B, H, T, 2p + pad)
 
     def pairwise_scores(self, layer: int, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor,
                         pos: TokenPositions) -> torch.Tensor:

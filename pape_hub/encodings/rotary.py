@@ -4,6 +4,11 @@ Shared by axial RoPE, RoPE-Mixed and Polar RoPE: each defines only its phases, s
 (L, H, N, head_dim / 2) with L in {1, depth} and H in {1, heads}. Pairs are interleaved (dims 2i, 2i+1),
 LLaMA style, as in naver-ai/rope-vit. Prefix tokens (CLS) are never rotated. Phases and the rotation are
 computed in float32 whatever the autocast dtype.
+
+Once per forward the phases become two full-width tables over every token: ``cos`` repeated per pair and
+``sin`` with the pair's signs, ``(-sin, +sin)``, prefix rows 1 and 0 (no rotation). A layer then rotates queries
+and keys together with three elementwise kernels, ``x * cos + swap_pairs(x) * sin``, with no slicing, stacking
+or concatenation.
 """
 
 from __future__ import annotations
@@ -17,19 +22,23 @@ from torch import nn
 from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype
 from .registry import register_encoding
 
-__all__ = ["AxialRoPE", "PolarRoPE", "RoPEMixed", "RotaryEncoding", "rotate_pairs"]
+__all__ = ["AxialRoPE", "PolarRoPE", "RoPEMixed", "RotaryEncoding", "rotate_pairs", "rotation_tables"]
+
+
+def rotation_tables(phases: torch.Tensor, num_prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phases (..., N, K) -> full-width tables (..., P+N, 2K): cos per pair, and sin signed (-sin, +sin) per pair;
+    the P prefix rows are cos 1, sin 0."""
+    cos = phases.cos().repeat_interleave(2, dim=-1)
+    sin = torch.stack([-phases.sin(), phases.sin()], dim=-1).flatten(-2)
+    pad = (0, 0, num_prefix, 0)
+    return nn.functional.pad(cos, pad, value=1.0), nn.functional.pad(sin, pad)
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs of the last dim: x (..., 2K), cos/sin broadcastable to (..., K)."""
-    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)  # each (..., K)
-    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
-
-
-def rotate_patch_tokens(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_prefix: int) -> torch.Tensor:
-    """t: (B, H, P+N, hd); rotate the N patch tokens in float32, leave the P prefix tokens as they are."""
-    rotated = rotate_pairs(t[:, :, num_prefix:].to(cos.dtype), cos, sin).to(t.dtype)
-    return torch.cat([t[:, :, :num_prefix], rotated], dim=2) if num_prefix else rotated
+    """Rotate the interleaved pairs (2i, 2i+1) of the last dim by the tables of :func:`rotation_tables`:
+    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x2, x1) per pair
+    return torch.addcmul(x * cos, swapped, sin)
 
 
 class RotaryEncoding(PositionEncoding):
@@ -49,21 +58,17 @@ class RotaryEncoding(PositionEncoding):
         raise NotImplementedError
 
     def prepare(self, pos: TokenPositions) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin) tables, (L, H, P+N, head_dim), float32 (float64 for float64 positions)."""
         def build() -> tuple[torch.Tensor, torch.Tensor]:
             with torch.autocast(pos.coords.device.type, enabled=False):
-                ang = self.phases(pos).to(compute_dtype(pos.coords))
-                return ang.cos(), ang.sin()
+                return rotation_tables(self.phases(pos).to(compute_dtype(pos.coords)), pos.num_prefix_tokens)
 
         return self.cached(pos.cache_key(), build, depends_on_params=self.learned_phases)
 
-    def transform_qk(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, state: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def transform_qk(self, layer: int, qk: torch.Tensor, x: torch.Tensor, state: Any) -> torch.Tensor:
         cos, sin = state
         index = layer if cos.shape[0] > 1 else 0
-        cos, sin = cos[index], sin[index]  # (H or 1, N, hd/2)
-        p = self.ctx.num_prefix_tokens
-        return rotate_patch_tokens(q, cos, sin, p), rotate_patch_tokens(k, cos, sin, p)
+        return rotate_pairs(qk.to(cos.dtype), cos[index], sin[index]).to(qk.dtype)
 
 
 def axial_frequencies(head_dim: int, ndim: int, theta: float) -> torch.Tensor:

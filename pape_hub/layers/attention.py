@@ -22,9 +22,10 @@ class PositionalAttention(nn.Module):
     """Multi-head self-attention whose q/k transform and logit bias come from a :class:`PositionEncoding`.
 
     ``fused_attn`` (default) runs ``F.scaled_dot_product_attention``; the eager path computes the same
-    softmax by hand and can return the attention probabilities. When the encoding widens q and k
-    (PaPE's augmentation) v is zero-padded to their width and the output sliced back, so CPU and GPU
-    fused kernels, which want one head width, still apply. The softmax scale stays head_dim^-1/2.
+    softmax by hand and can return the attention probabilities. The encoding transforms queries and keys together
+    (``qkv[:2]``, a view: no copy) and may widen them (PaPE's augmentation; on a GPU padded to a multiple of 8);
+    v is then zero-padded to their width and the output sliced back, so CPU and GPU fused kernels, which want one
+    head width, still apply. The softmax scale stays head_dim^-1/2.
     """
 
     def __init__(
@@ -58,10 +59,12 @@ class PositionalAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, T, D) normed tokens. Returns (B, T, D) and, if asked, the (B, H, T, T) probabilities."""
         B, T, D = x.shape
-        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # each (B, H, T, hd)
-        q, k = self.q_norm(q), self.k_norm(k)
-        q, k = encoding.transform_qk(self.layer_idx, q, k, x, state)  # may widen to (B, H, T, hd + E)
+        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
+        qk, v = qkv[:2], qkv[2]
+        if not isinstance(self.q_norm, nn.Identity):
+            qk = torch.stack([self.q_norm(qk[0]), self.k_norm(qk[1])])
+        qk = encoding.transform_qk(self.layer_idx, qk, x, state)  # (2, B, H, T, hd), or wider (PaPE)
+        q, k = qk.unbind(0)
         bias = encoding.attn_bias(self.layer_idx, q, k, state)  # None, (H, T, T) or (B, H, T, T)
         if bias is not None:
             # 4-D: a 3-D float mask sends CPU SDPA to the math kernel, a 4-D one to the flash kernel

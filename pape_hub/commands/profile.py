@@ -1,0 +1,210 @@
+"""``pape-hub profile``: what each encoding's positional work costs per layer, counted without a GPU.
+
+One forward (inference) and one training step of a ViT at the given size run under ``torch.profiler`` with the
+encoding's hooks (``prepare``, ``add_to_tokens``, ``transform_qk``, ``attn_bias``) wrapped in profiler ranges from
+the outside. Inside those ranges it counts the aten operators that do work (views such as ``reshape`` of a
+contiguous tensor, ``expand`` or ``transpose`` are not counted; each counted operator is at least one kernel
+launch on a GPU, where launch overhead dominates small batches) and the bytes they move (inputs read, from the
+recorded shapes, plus outputs allocated; dtype from the model's compute dtype). These numbers do not depend on the
+device; on a GPU the same operators become kernels. It also reports the head width SDPA sees and its kernel.
+
+Example:
+    pape-hub profile --size b --res 224 --batch-size 1 --output results/profile_vit_b16_224.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+HOOKS = ("prepare", "add_to_tokens", "transform_qk", "attn_bias")
+#: operators that return views or only change metadata: no kernel, no bytes
+VIEW_OPS = {
+    "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::_reshape_alias", "aten::expand", "aten::transpose",
+    "aten::permute", "aten::t", "aten::slice", "aten::select", "aten::unsqueeze", "aten::squeeze", "aten::as_strided",
+    "aten::unbind", "aten::unflatten", "aten::flatten", "aten::alias", "aten::detach", "aten::lift_fresh",
+    "aten::split", "aten::split_with_sizes", "aten::chunk", "aten::narrow", "aten::movedim", "aten::expand_as",
+    "aten::view_as", "aten::diagonal", "aten::resolve_conj", "aten::resolve_neg", "aten::empty", "aten::empty_like",
+    "aten::empty_strided", "aten::result_type", "aten::is_nonzero", "aten::item", "aten::_local_scalar_dense",
+    "aten::contiguous", "aten::to", "aten::_to_copy", "aten::_has_compatible_shallow_copy_type",
+}  # (``to`` / ``contiguous`` are composites: the copy they launch, if any, is counted as ``aten::copy_``)
+SDPA = ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_attention_math",
+        "aten::_scaled_dot_product_flash_attention_for_cpu")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--size", default="b", help="model size: t, s, b or l")
+    parser.add_argument("--res", type=int, default=224, help="image size")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--encodings", default="all", help="comma-separated, or 'all'")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--output", default=None, help="write the results JSON here")
+
+
+def wrap_hooks(encoding: Any) -> None:
+    """Put each hook of this encoding instance inside a profiler range named ``positional/<hook>``."""
+    from torch.profiler import record_function
+
+    for hook in HOOKS:
+        original = getattr(encoding, hook)
+
+        def ranged(*args: Any, _original: Any = original, _hook: str = hook, **kwargs: Any) -> Any:
+            with record_function(f"positional/{_hook}"):
+                return _original(*args, **kwargs)
+
+        setattr(encoding, hook, ranged)
+
+
+def _bytes(event: Any, element_size: int) -> int:
+    inputs = sum(_numel(shape) for shape in (event.input_shapes or []) if shape)
+    return inputs * element_size + max(0, event.self_cpu_memory_usage)
+
+
+def _numel(shape: Any) -> int:
+    if not isinstance(shape, (list, tuple)) or not all(isinstance(v, int) for v in shape):
+        return 0
+    out = 1
+    for v in shape:
+        out *= v
+    return out
+
+
+def _working(event: Any) -> bool:
+    """An aten operator that launches work itself (not a view, not a composite of other working operators)."""
+    return (event.name.startswith("aten::") and event.name not in VIEW_OPS
+            and not any(c.name.startswith("aten::") and c.name not in VIEW_OPS for c in event.cpu_children))
+
+
+def _enclosing_hook(event: Any) -> str | None:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("positional/"):
+            return parent.name.split("/", 1)[1]
+        parent = parent.cpu_parent
+    return None
+
+
+def count(prof: Any, element_size: int) -> dict[str, Any]:
+    """Kernels and bytes per positional hook: forward operators inside the hook's range, and backward operators
+    of the autograd nodes those forward operators created (matched by sequence number)."""
+    per_hook: dict[str, dict[str, float]] = defaultdict(lambda: dict(calls=0, kernels=0, bytes=0,
+                                                                     backward_kernels=0, backward_bytes=0))
+    sdpa, forward_nodes = set(), {}
+    events = list(prof.events())
+    for event in events:
+        if event.name.startswith("positional/"):
+            per_hook[event.name.split("/", 1)[1]]["calls"] += 1
+        if event.name in SDPA:
+            sdpa.add(event.name.removeprefix("aten::_scaled_dot_product_").removesuffix("_attention"))
+        hook = _enclosing_hook(event) if event.name.startswith("aten::") else None
+        if hook is None:
+            continue
+        if event.sequence_nr >= 0:
+            forward_nodes[event.sequence_nr] = hook
+        if _working(event):
+            per_hook[hook]["kernels"] += 1
+            per_hook[hook]["bytes"] += _bytes(event, element_size)
+    for event in events:  # backward: operators under an autograd node made by a positional forward operator
+        if not _working(event):
+            continue
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith("autograd::engine::evaluate_function"):
+            parent = parent.cpu_parent
+        if parent is not None and parent.sequence_nr in forward_nodes:
+            hook = forward_nodes[parent.sequence_nr]
+            per_hook[hook]["backward_kernels"] += 1
+            per_hook[hook]["backward_bytes"] += _bytes(event, element_size)
+    return dict(hooks={k: dict(v) for k, v in per_hook.items()}, sdpa=sorted(sdpa))
+
+
+@contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """The profiler's C++ side prints a line to file descriptor 2 at every start and stop."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def profile_model(name: str, args: argparse.Namespace, train: bool) -> dict[str, Any]:
+    import timm
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    model = timm.create_model(name, img_size=args.res)
+    wrap_hooks(model.pos_encoding)
+    x = torch.randn(args.batch_size, 3, args.res, args.res)
+    depth = len(model.blocks)
+    model.train(train)
+    with torch.set_grad_enabled(train):
+        model(x)  # warm caches and allocator outside the profile
+        with quiet_stderr(), profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                                     profile_memory=True) as prof:
+            out = model(x)
+            if train:
+                out.float().logsumexp(-1).mean().backward()
+    counted = count(prof, element_size=4)
+    hooks = counted["hooks"]
+    layer_hooks = ("transform_qk", "attn_bias")
+
+    def total(key: str, names: tuple[str, ...] = layer_hooks) -> float:
+        return sum(hooks.get(h, {}).get(key, 0) for h in names)
+
+    width = model.blocks[0].attn.head_dim
+    with torch.no_grad():
+        qk = torch.zeros(2, 1, model.blocks[0].attn.num_heads, 1 + model.patch_embed.num_patches, width)
+        state = model.pos_encoding.prepare(model.positions(model.patch_embed.grid_size, x.device))
+        widened = model.pos_encoding.transform_qk(0, qk, torch.zeros(1, qk.shape[3], model.embed_dim), state)
+    return dict(kernels_per_layer=total("kernels") / depth, bytes_per_layer=total("bytes") / depth,
+                backward_kernels_per_layer=total("backward_kernels") / depth,
+                backward_bytes_per_layer=total("backward_bytes") / depth,
+                kernels_once=total("kernels", ("prepare", "add_to_tokens")) + total(
+                    "backward_kernels", ("prepare", "add_to_tokens")),
+                head_width=widened.shape[-1], sdpa=counted["sdpa"], hooks=hooks)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..encodings import list_encodings
+    from ..provenance import provenance
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    encodings = list_encodings() if args.encodings == "all" else args.encodings.split(",")
+    rows: dict[str, Any] = {}
+    print(f"ViT-{args.size.upper()}/16 at {args.res} px, batch {args.batch_size}; positional work per layer "
+          "(aten kernels that do work, MB moved), forward / training step", flush=True)
+    print(f"{'encoding':<12} {'fwd kernels':>11} {'fwd MB':>8} {'train fwd+bwd kernels':>21} {'train MB':>9} "
+          f"{'once':>5} {'head':>5}  sdpa")
+    for enc in encodings:
+        name = f"vit_{args.size}16_{enc}"
+        forward = profile_model(name, args, train=False)
+        step = profile_model(name, args, train=True)
+        rows[enc] = dict(forward=forward, train=step)
+        train_kernels = step["kernels_per_layer"] + step["backward_kernels_per_layer"]
+        train_mb = (step["bytes_per_layer"] + step["backward_bytes_per_layer"]) / 2**20
+        print(f"{enc:<12} {forward['kernels_per_layer']:>11.1f} {forward['bytes_per_layer'] / 2**20:>8.2f} "
+              f"{train_kernels:>21.1f} {train_mb:>9.2f} {forward['kernels_once']:>5.0f} {forward['head_width']:>5}  "
+              f"{','.join(forward['sdpa'])}", flush=True)
+    if args.output:
+        median = statistics.median(r["forward"]["kernels_per_layer"] for r in rows.values())
+        report = dict(provenance=provenance("profile"), size=args.size, resolution=args.res,
+                      batch_size=args.batch_size, rows=rows, median_forward_kernels=median)
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.output}")
+    return 0
