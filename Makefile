@@ -16,6 +16,7 @@ setup: $(STAMP)
 
 main: $(STAMP)
 	$(VENV)/bin/pape-hub arrows
+	$(VENV)/bin/pape-hub report
 
 zoo: $(STAMP)
 	$(VENV)/bin/pape-hub zoo

@@ -123,10 +123,12 @@ def render_model_card(config: dict[str, Any], evaluation: dict[str, Any] | None 
     sections = [
         GENERATED_MARK,
         f"# {name}",
-        f"A Vision Transformer (width {args.get('embed_dim')}, depth {args.get('depth')}, {args.get('num_heads')} "
-        f"heads, patch {args.get('patch_size')}, {args.get('img_size')} px, {config.get('num_classes')} classes) with "
-        f"the **`{encoding}`** position encoding, trained from scratch on the {dataset[0]} by "
-        f"[pape_hub]({PROJECT_URL}).",
+        f"A {'video ' if 'num_frames' in args else ''}Vision Transformer (width {args.get('embed_dim')}, depth "
+        f"{args.get('depth')}, {args.get('num_heads')} heads, "
+        + (f"tubelets {args.get('tubelet_size')}, {args.get('num_frames')} frames of " if "num_frames" in args else
+           f"patch {args.get('patch_size')}, ")
+        + f"{args.get('img_size')} px, {config.get('num_classes')} classes) with the **`{encoding}`** position "
+        f"encoding, trained from scratch with [pape_hub]({PROJECT_URL}) on the {dataset[0]}.",
         "## Position encoding",
         f"- method: {facts['paper']}\n- mechanism: {facts['mechanisms']} (one attention module serves every "
         f"encoding: added to tokens, a transform of queries and keys, or an additive logit bias)\n- fused attention "
@@ -144,12 +146,14 @@ def render_model_card(config: dict[str, Any], evaluation: dict[str, Any] | None 
         "Any input size divisible by the patch size runs without changing the model "
         "(`model.position_interpolation = True` rescales positions to the training grid).",
         "## Training",
-        f"- data: {dataset[0]}: `{json.dumps(meta.get('dataset', {}))}`",
-        f"- recipe: `{json.dumps(recipe)}`" if recipe else "- recipe: not recorded",
-        f"- normalisation: mean {config.get('pretrained_cfg', {}).get('mean')}, std "
-        f"{config.get('pretrained_cfg', {}).get('std')}",
-        f"- best epoch {meta['epoch'] + 1} of {recipe.get('epochs', '?')}, validation top-1 {meta['val_top1']:.3f}"
-        if "val_top1" in meta else "- validation: not recorded",
+        "\n".join([
+            f"- data: {dataset[0]}: `{json.dumps(meta.get('dataset', {}))}`",
+            f"- recipe: `{json.dumps(recipe)}`" if recipe else "- recipe: not recorded",
+            f"- normalisation: mean {config.get('pretrained_cfg', {}).get('mean')}, std "
+            f"{config.get('pretrained_cfg', {}).get('std')}",
+            f"- best epoch {meta['epoch'] + 1} of {recipe.get('epochs', '?')}, validation top-1 "
+            f"{meta['val_top1']:.3f}" if "val_top1" in meta else "- validation: not recorded",
+        ]),
     ]
     if evaluation:
         sections += ["## Evaluation",
@@ -165,11 +169,14 @@ def render_model_card(config: dict[str, Any], evaluation: dict[str, Any] | None 
         sections += ["## Speed", bench_text]
     sections += [
         "## Limitations",
-        "- The numbers above are the only claims this card makes; each was measured by the command and code version "
-        "named beside it. No paper's numbers are reported here.",
-        f"- Trained from scratch on small data ({dataset[0]}); not an ImageNet model and not meant for "
-        "transfer without fine-tuning.",
-        "- Accuracy away from the training size varies with the training seed; see the spread over seeds where given.",
+        "\n".join([
+            "- The numbers above are the only claims this card makes; each was measured by the command and code "
+            "version named beside it. No paper's numbers are reported here.",
+            f"- Trained from scratch on small data ({dataset[0]}); not an ImageNet model and not meant for "
+            "transfer without fine-tuning.",
+            "- Accuracy away from the training size varies with the training seed; see the spread over seeds where "
+            "given.",
+        ]),
     ]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
 

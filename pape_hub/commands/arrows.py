@@ -143,6 +143,8 @@ def publish(summary: dict[str, Any], hub: Any, cards_dir: Path | None) -> dict[s
     from ..evaluation import plot_sweeps
 
     first_seed = summary["seeds"][0]
+    bench_file = Path("results") / "bench_vit_b16_224_cpu.json"  # the encodings' speed at ViT-B, if measured
+    bench = json.loads(bench_file.read_text()) if bench_file.exists() else None
     items = []
     for result in summary["runs"]:
         if result["seed"] != first_seed:
@@ -151,7 +153,7 @@ def publish(summary: dict[str, Any], hub: Any, cards_dir: Path | None) -> dict[s
         checkpoint = Path(result["checkpoint"])
         name = "vit-arrows-" + re.sub(r"[^A-Za-z0-9.]+", "-", enc).strip("-")
         plot_sweeps([result], checkpoint / PLOT_NAME, title=f"{enc}, trained on grid {summary['sizes'][0]}")
-        card_inputs = dict(result, aggregate=summary["aggregate"].get(enc), seeds=summary["seeds"])
+        card_inputs = dict(result, aggregate=summary["aggregate"].get(enc), seeds=summary["seeds"], bench=bench)
         (checkpoint / "eval.json").write_text(json.dumps(card_inputs, indent=2))
         card_from_folder(checkpoint, repo_id=f"{hub.namespace}/{name}")
         if cards_dir is not None:

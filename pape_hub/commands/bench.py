@@ -24,7 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ..encodings import list_encodings
-from ..provenance import git_commit, provenance
+from ..provenance import provenance
 
 TIMM_SIZE = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
 # (target, what it is compared with) per model key, whole-model inference time ratio; see issue "Speed"
@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
     parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (fp32 CPU, bf16 GPU)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--output-dir", default="outputs/bench", help="where the JSON and PNG go")
+    parser.add_argument("--output", default="outputs/bench/bench.json",
+                        help="the results JSON (a PNG plot is written beside it)")
 
 
 def build_models(size: str, res: int, encodings: list[str], device: torch.device) -> dict[str, torch.nn.Module]:
@@ -118,12 +119,12 @@ def run(args: argparse.Namespace) -> int:
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "float32": torch.float32,
              "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     encodings = list_encodings() if args.encodings == "all" else args.encodings.split(",")
-    out_dir = Path(args.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
     report: dict[str, Any] = dict(provenance=provenance("bench"), device=device_name, dtype=str(dtype),
-                                  commit=git_commit(), torch=torch.__version__,
+                                  torch=torch.__version__,
                                   timm=timm.__version__, batch_size=args.batch_size, repeats=args.repeats, runs=[])
     failures = []
     print(f"device: {device_name}, dtype {dtype}, batch {args.batch_size}, {args.repeats} interleaved rounds",
@@ -137,9 +138,9 @@ def run(args: argparse.Namespace) -> int:
             print_table(size, res, rows)
             gc.collect()
 
-    (out_dir / "bench.json").write_text(json.dumps(report, indent=2))
-    plot(report, out_dir / "bench.png")
-    print(f"\nwrote {out_dir / 'bench.json'} and {out_dir / 'bench.png'}")
+    output.write_text(json.dumps(report, indent=2))
+    plot(report, output.with_suffix(".png"))
+    print(f"\nwrote {output} and {output.with_suffix('.png')}")
     for failure in failures:
         print("FAIL:", failure)
     return 1 if failures else 0

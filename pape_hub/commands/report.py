@@ -96,6 +96,25 @@ def bench_block(results: Path, name: str) -> str:
     return "\n\n".join(out) + "\n"
 
 
+def profile_block(results: Path, name: str) -> str:
+    data = load(results, name)
+    if data is None:
+        return f"_Not measured yet: `results/{name}` is missing._\n"
+    lines = ["| encoding | forward kernels / layer | forward MB / layer | training-step kernels / layer | "
+             "training-step MB / layer | head width in SDPA |", "|---|---|---|---|---|---|"]
+    for enc, row in data["rows"].items():
+        fwd, step = row["forward"], row["train"]
+        train_kernels = step["kernels_per_layer"] + step["backward_kernels_per_layer"]
+        train_mb = (step["bytes_per_layer"] + step["backward_bytes_per_layer"]) / 2**20
+        lines.append(f"| `{enc}` | {fwd['kernels_per_layer']:.0f} | {fwd['bytes_per_layer'] / 2**20:.1f} | "
+                     f"{train_kernels:.0f} | {train_mb:.1f} | {fwd['head_width']} |")
+    lines += ["", f"ViT-{data['size'].upper()}/16 at {data['resolution']} px, batch {data['batch_size']}, float32: "
+              "aten operators that do work inside the encoding's hooks per layer (views not counted; backward "
+              "matched through autograd) and the bytes they read and write. "
+              f"{provenance_line(data)}"]
+    return "\n".join(lines) + "\n"
+
+
 def encodings_block(results: Path) -> str:
     from .zoo import encoding_rows
 
@@ -108,10 +127,13 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "encodings": (None, encodings_block),
     "arrows_main_job": ("arrows", lambda r: comparison_block(r, "arrows_main_job", "`make main`")),
     "arrows_full": ("arrows", lambda r: comparison_block(r, "arrows_full", "`pape-hub arrows --full`")),
+    "arrows_isolated": ("arrows", lambda r: comparison_block(r, "arrows_isolated", "`pape-hub arrows --isolated`")),
+    "arrows_sharper": ("arrows", lambda r: comparison_block(r, "arrows_sharper", "sharper ALiBi / PaPE-RI")),
     "digits": ("compare", lambda r: comparison_block(r, "digits", "`pape-hub compare --dataset digits`")),
     "video": ("compare", lambda r: comparison_block(r, "video_motion", "`pape-hub compare --dataset video-motion`")),
     "bench_b16_224": ("bench", lambda r: bench_block(r, "bench_vit_b16_224_cpu.json")),
     "bench_b16_448": ("bench", lambda r: bench_block(r, "bench_vit_b16_448_cpu.json")),
+    "profile": ("profile", lambda r: profile_block(r, "profile_vit_b16_224_cpu.json")),
 }
 
 

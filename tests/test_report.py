@@ -1,0 +1,63 @@
+"""Every number the README, results/ and the model cards show comes from a results file written by a command
+at the current code: stale results, hand-edited tables and card claims without a measurement fail here."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from pape_hub.commands.report import BLOCKS, check, render
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_results_are_measured_with_the_current_code_and_the_readme_shows_them():
+    problems = check(ROOT / "README.md", ROOT / "results")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_readme_block_is_generated():
+    readme = (ROOT / "README.md").read_text()
+    names = re.findall(r"<!-- generated: (\w+) -->", readme)
+    assert set(names) <= set(BLOCKS) and {"arrows_main_job", "digits", "video", "bench_b16_224"} <= set(names)
+    assert render(readme, ROOT / "results") == readme
+
+
+def measured_numbers(summary: dict) -> set[str]:
+    """Every accuracy a main-job summary holds, as a card prints them (3 decimals in tables, 4 in the metadata)."""
+    values = []
+    for run in summary["runs"]:
+        values += [row["top1"] for row in run["rows"]] + [run["train"]["best_val_top1"]]
+    for columns in summary["aggregate"].values():
+        for stats in columns.values():
+            values += [stats["mean"], stats["std"], stats["min"], stats["max"]]
+    return {f"{v:.3f}" for v in values} | {f"{round(v, 4)}" for v in values}
+
+
+def section(body: str, title: str) -> str:
+    match = re.search(rf"^## {title}\n(.*?)(?=^## |\Z)", body, flags=re.MULTILINE | re.DOTALL)
+    return match.group(1) if match else ""
+
+
+@pytest.mark.parametrize("card", sorted((ROOT / "model_cards").glob("*.md")), ids=lambda p: p.stem)
+def test_model_cards_claim_only_what_the_results_hold(card):
+    summary = json.loads((ROOT / "results" / "arrows_main_job" / "summary.json").read_text())
+    text = card.read_text()
+    metadata, body = text.split("\n---\n", 1)
+    claims = re.findall(r"value: ([0-9.]+)", metadata)
+    claims += re.findall(r"(?<![\d.])[01]\.\d{3}(?!\d)", section(body, "Evaluation"))
+    assert claims, "a card without measured numbers"
+    unmeasured = sorted(set(claims) - measured_numbers(summary))
+    assert not unmeasured, f"{card.name} claims {unmeasured}, which results/arrows_main_job/summary.json lacks"
+    speed = section(body, "Speed")
+    if speed:
+        bench = json.loads((ROOT / "results" / "bench_vit_b16_224_cpu.json").read_text())
+        rows = [r for run in bench["runs"] for r in run["rows"].values()]
+        base = {id(r): run["rows"]["timm_ape"]["infer_ms"] for run in bench["runs"] for r in run["rows"].values()}
+        allowed = {f"{r['infer_ms']:.1f}" for r in rows} | {f"{r['infer_ms'] / base[id(r)]:.3f}" for r in rows}
+        numbers = set(re.findall(r"\|\s*([0-9]+\.[0-9]+)\s*(?=\|)", speed))
+        assert numbers and numbers <= allowed, f"{card.name} speed claims {sorted(numbers - allowed)}"
+    assert "REPO_ID" not in text and "import pape_hub" in text and (card.with_suffix(".png")).exists()
