@@ -3,6 +3,7 @@ interpolation (PaPE tables 5-7), and the patch-shuffle test (LieRE table 5)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,8 +27,8 @@ from .data import (
 from .provenance import git_commit
 from .training import evaluate_loader
 
-__all__ = ["check_label_names", "evaluate_checkpoint", "parse_clip", "plot_sweep_summary", "plot_sweeps",
-           "shuffle_tiles", "write_json"]
+__all__ = ["check_label_names", "evaluate_checkpoint", "parse_clip", "plot_sweep_summary", "shuffle_tiles",
+           "task_config", "write_json"]
 
 
 def shuffle_tiles(x: torch.Tensor, tile: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
@@ -52,6 +53,12 @@ class ShuffledLoader:
     def __iter__(self) -> Iterable:
         for x, labels in self.loader:
             yield shuffle_tiles(x, self.tile, self.generator), labels
+
+
+def task_config(config_class: type, trained: dict[str, Any]) -> dict[str, Any]:
+    """Every field of a generated task's config as the checkpoint recorded it (an option left out here would
+    silently test on another task; the ``isolated`` arrow control once was)."""
+    return {f.name: trained[f.name] for f in dataclasses.fields(config_class) if f.name in trained}
 
 
 def parse_clip(text: str | tuple[int, int]) -> tuple[int, int]:
@@ -98,8 +105,7 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
     def loaders() -> Iterable[tuple[int, DataLoader]]:
         if dataset == "arrows":
             trained = meta.get("dataset", {}).get("train", {})
-            base = {k: trained[k] for k in ("grid", "cell", "num_arrows", "num_letters", "hard_negatives")
-                    if k in trained}
+            base = task_config(ArrowConfig, trained)
             for g in sizes or [base.get("grid", 4)]:
                 cfg = ArrowConfig(**{**base, "grid": g})
                 ds = ArrowDataset(eval_size, cfg, seed=ARROW_TEST_SEED, normalize=(mean, std), channels=channels)
@@ -107,7 +113,7 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
                 yield g, DataLoader(ds, batch_size=batch_size)
         elif dataset == "motion":
             trained = meta.get("dataset", {}).get("train", {})
-            base = {k: trained[k] for k in ("frames", "grid", "cell", "distractors", "tubelet_frames") if k in trained}
+            base = task_config(MotionConfig, trained)
             for frames, grid in map(parse_clip, clips or [(base["frames"], base["grid"])]):
                 ds = MotionDataset(eval_size, MotionConfig(**{**base, "frames": frames, "grid": grid}),
                                    seed=ARROW_TEST_SEED, normalize=(mean, std), channels=channels)
@@ -161,41 +167,9 @@ def _trained_size(config: dict[str, Any], dataset: str, native: int) -> int | st
     return native
 
 
-def plot_sweeps(results: list[dict[str, Any]], path: str | Path, title: str = "") -> None:
-    """Accuracy against sweep size, one line per checkpoint and interpolation mode."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for index, res in enumerate(results):
-        for interp in (False, True):
-            pts = [(r["size"], r["top1"]) for r in res["rows"] if r["interpolation"] == interp
-                   and not r.get("patch_shuffle")]
-            if pts:
-                xs, ys = zip(*pts)
-                name = res.get("label") or res.get("encoding") or res["architecture"]
-                label = name + (" (interp.)" if interp else "")
-                ax.plot(xs, ys, marker="o", ls="--" if interp else "-", label=label, color=colors[index % len(colors)])
-    if results:
-        if isinstance(results[0].get("trained_at"), (int, float)):
-            ax.axvline(results[0]["trained_at"], color="gray", lw=0.8, ls=":")
-        ax.set_xlabel(results[0]["sweep_unit"])
-    ax.set_ylabel("top-1 accuracy")
-    ax.set_ylim(0, 1.02)
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def plot_sweep_summary(results: list[dict[str, Any]], path: str | Path, title: str = "") -> None:
-    """Accuracy against sweep size per encoding: the mean over seeds (solid: no interpolation, dashed: position
-    interpolation) with the min-max range shaded."""
+    """Accuracy against sweep size per encoding (one evaluation or several seeds each): the mean over seeds
+    (solid: no interpolation, dashed: position interpolation) with the min-max range shaded."""
     import matplotlib
 
     matplotlib.use("Agg")

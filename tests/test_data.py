@@ -20,7 +20,7 @@ from pape_hub.data import (
     paper_setting,
     stratified_split,
 )
-from pape_hub.data.arrows import _STEP, render_glyphs
+from pape_hub.data.arrows import STEPS, render_glyphs
 
 
 def test_arrow_generator_is_deterministic():
@@ -40,14 +40,14 @@ def test_arrow_labels_follow_the_rule(config):
         image, label, layout = ds.sample(i)
         (y_cell, y_glyph), = [(c, g) for c, g in layout.items() if g.startswith("y")]
         stem = int(y_glyph[1])
-        target = (y_cell[0] + _STEP[stem][0], y_cell[1] + _STEP[stem][1])
+        target = (y_cell[0] + STEPS[stem][0], y_cell[1] + STEPS[stem][1])
         assert layout[target] == f"arrow{label}"  # the arrow next to the Y's stem gives the label
         r, c = target
         cell = image[r * config.cell:(r + 1) * config.cell, c * config.cell:(c + 1) * config.cell]
         assert np.array_equal(cell, glyphs[f"arrow{label}"])  # and it is drawn there
         directions = Counter(g for g in layout.values() if g.startswith("arrow"))
         assert set(directions.values()) == {config.num_arrows // 4} and len(directions) == 4  # balanced
-        neighbours = [(y_cell[0] + dr, y_cell[1] + dc) for dr, dc in _STEP.values()]
+        neighbours = [(y_cell[0] + dr, y_cell[1] + dc) for dr, dc in STEPS.values()]
         hard = [n for n in neighbours if n != target and layout.get(n, "").startswith("arrow")]
         assert len(hard) >= min(config.hard_negatives, sum(
             0 <= n[0] < config.grid and 0 <= n[1] < config.grid for n in neighbours) - 1)

@@ -65,9 +65,11 @@ def test_train_writes_checkpoints_and_results(tmp_path):
     assert model.pretrained_cfg["std"] == pytest.approx([std] * 3, abs=1e-6)
 
 
-def test_evaluation_reproduces_the_training_test_accuracy(tmp_path):
-    """The sweep at the training grid scores the same test images with the checkpoint's own normalisation."""
-    results = train(arrow_config(tmp_path, epochs=2, train_size=256))
+@pytest.mark.parametrize("arrow", [{}, {"isolated": True}, {"num_letters": 2, "hard_negatives": 1}])
+def test_evaluation_reproduces_the_training_test_accuracy(tmp_path, arrow):
+    """The sweep at the training grid scores the same test images - the same task variant, with the checkpoint's
+    own normalisation - as training's own test."""
+    results = train(arrow_config(tmp_path, epochs=2, train_size=256, arrow=arrow))
     sweep = evaluate_checkpoint(tmp_path / "run" / "best", "arrows", sizes=[4, 5], eval_size=64)
     at_train_grid = [r for r in sweep["rows"] if r["size"] == 4 and not r.get("patch_shuffle")]
     assert len(at_train_grid) == 1  # interpolation at the training grid would repeat the same numbers

@@ -19,7 +19,8 @@ from helpers import free_positions, logits, make_encoding, random_coords, random
 import pape_hub
 from pape_hub.checkpoint import load_checkpoint, save_checkpoint
 from pape_hub.data import MotionConfig, MotionDataset, build_data
-from pape_hub.data.video import _STEP, VideoTransform, read_video
+from pape_hub.data.arrows import STEPS
+from pape_hub.data.video import VideoTransform, read_video
 from pape_hub.encodings import grid_positions
 from pape_hub.evaluation import evaluate_checkpoint
 from pape_hub.training import TrainConfig, train
@@ -251,7 +252,7 @@ def test_motion_task_follows_its_rule():
         clip, label, layout = ds.sample(i)
         path, still = layout["path"], layout["distractors"]
         assert len(path) == config.steps and all(0 <= r < 6 and 0 <= c < 6 for r, c in path)
-        step = _STEP[label]
+        step = STEPS[label]
         assert all((b[0] - a[0], b[1] - a[1]) == step for a, b in zip(path, path[1:]))  # one cell per step
         assert not set(path) & set(still) and len(still) == 2
         for s in range(config.steps):

@@ -140,7 +140,7 @@ def publish(summary: dict[str, Any], hub: Any, cards_dir: Path | None) -> dict[s
     by repo id from both faces (bit-identical logits to the local folder, checked in a fresh process). The cards
     are also written to ``cards_dir`` (the repository's ``model_cards/``)."""
     from ..card import PLOT_NAME, card_from_folder
-    from ..evaluation import plot_sweeps
+    from ..evaluation import plot_sweep_summary
 
     first_seed = summary["seeds"][0]
     bench_file = Path("results") / "bench_vit_b16_224_cpu.json"  # the encodings' speed at ViT-B, if measured
@@ -152,7 +152,7 @@ def publish(summary: dict[str, Any], hub: Any, cards_dir: Path | None) -> dict[s
         enc = result["encoding"]
         checkpoint = Path(result["checkpoint"])
         name = "vit-arrows-" + re.sub(r"[^A-Za-z0-9.]+", "-", enc).strip("-")
-        plot_sweeps([result], checkpoint / PLOT_NAME, title=f"{enc}, trained on grid {summary['sizes'][0]}")
+        plot_sweep_summary([result], checkpoint / PLOT_NAME, title=f"{enc}, trained on grid {summary['sizes'][0]}")
         card_inputs = dict(result, aggregate=summary["aggregate"].get(enc), seeds=summary["seeds"], bench=bench)
         (checkpoint / "eval.json").write_text(json.dumps(card_inputs, indent=2))
         card_from_folder(checkpoint, repo_id=f"{hub.namespace}/{name}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..evaluation import evaluate_checkpoint, plot_sweeps, write_json
+from ..evaluation import evaluate_checkpoint, plot_sweep_summary, write_json
 
 
 def ints(text: str | None) -> list[int] | None:
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
                                  clips=args.clips.split(",") if args.clips else None)
     output = Path(args.output) if args.output else Path(args.checkpoint).parent / "eval.json"
     write_json(result, output)
-    plot_sweeps([result], output.with_suffix(".png"), title=f"{result['architecture']} ({result['encoding']})")
+    plot_sweep_summary([result], output.with_suffix(".png"), title=f"{result['architecture']} ({result['encoding']})")
     print(f"{'size':>6} {'interp':>6} {'shuffle':>7} {'top-1':>7} {'top-5':>7}")
     for row in result["rows"]:
         print(f"{row['size']:>6} {str(row['interpolation']):>6} {str(row.get('patch_shuffle', False)):>7} "

@@ -79,16 +79,18 @@ def build_data(spec: str, *, img_size: int, seed: int = 0, val_fraction: float =
     ``normalize`` applies to the generated tasks only (their samples are tensors already; image and video datasets
     normalise in their transforms). ``num_frames``: frames sampled from each clip of a video folder."""
     kind, _, arg = spec.partition(":")
-    if kind == "motion":
-        cfg = motion_config or MotionConfig()
+    generated = {"arrows": (ArrowDataset, arrow_config or ArrowConfig()),
+                 "motion": (MotionDataset, motion_config or MotionConfig())}
+    if kind in generated:  # samples are made from a seed: validation and test use fixed seeds of their own
+        dataset, cfg = generated[kind]
         if cfg.image_size != img_size:
-            raise ValueError(f"the motion task renders {cfg.image_size}px frames (grid {cfg.grid} x cell {cfg.cell}) "
-                             f"but the model takes {img_size}px; pass a matching motion grid/cell or --img-size")
-        make_clips = lambda n, s: MotionDataset(n, cfg, seed=s, normalize=normalize, channels=channels)  # noqa: E731
-        train = make_clips(train_size, seed)
-        return DataBundle(train, make_clips(eval_size, ARROW_VAL_SEED), make_clips(eval_size, ARROW_TEST_SEED),
-                          train.classes, False, dict(spec="motion", train=train.describe(), val_seed=ARROW_VAL_SEED,
-                                                     test_seed=ARROW_TEST_SEED), is_video=True)
+            raise ValueError(f"the {kind} task renders {cfg.image_size}px images (grid {cfg.grid} x cell {cfg.cell}) "
+                             f"but the model takes {img_size}px; pass matching --img-size or {kind} grid/cell")
+        make = lambda n, s: dataset(n, cfg, seed=s, normalize=normalize, channels=channels)  # noqa: E731
+        train = make(train_size, seed)
+        return DataBundle(train, make(eval_size, ARROW_VAL_SEED), make(eval_size, ARROW_TEST_SEED), train.classes,
+                          False, dict(spec=kind, train=train.describe(), val_seed=ARROW_VAL_SEED,
+                                      test_seed=ARROW_TEST_SEED), is_video=kind == "motion")
     if kind == "videofolder":
         if not arg:
             raise ValueError(f"dataset spec {spec!r} needs a path after the colon")
@@ -99,16 +101,6 @@ def build_data(spec: str, *, img_size: int, seed: int = 0, val_fraction: float =
                           test.with_transform(eval_transform, channels) if test is not None else None, classes, False,
                           dict(spec=describe_spec(spec), train=len(train_idx), val=len(val_idx),
                                test=len(test) if test else 0, num_frames=num_frames), is_video=True)
-    if kind == "arrows":
-        cfg = arrow_config or ArrowConfig()
-        if cfg.image_size != img_size:
-            raise ValueError(f"the arrow task renders {cfg.image_size}px images (grid {cfg.grid} x cell {cfg.cell}) "
-                             f"but the model takes {img_size}px; pass matching --img-size or arrow grid/cell")
-        make = lambda n, s: ArrowDataset(n, cfg, seed=s, normalize=normalize, channels=channels)  # noqa: E731
-        train = make(train_size, seed)
-        return DataBundle(train, make(eval_size, ARROW_VAL_SEED), make(eval_size, ARROW_TEST_SEED), train.classes,
-                          False, dict(spec="arrows", train=train.describe(), val_seed=ARROW_VAL_SEED,
-                                      test_seed=ARROW_TEST_SEED))
     if kind == "digits":
         full, test, classes = load_digits()
     elif kind in ("imagefolder", "hf", "cifar"):

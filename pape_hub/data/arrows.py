@@ -38,10 +38,11 @@ import torch
 from PIL import Image, ImageDraw
 from torch.utils.data import Dataset
 
-__all__ = ["ArrowConfig", "ArrowDataset", "DIRECTIONS", "arrow_statistics", "paper_setting", "render_glyphs"]
+__all__ = ["ArrowConfig", "ArrowDataset", "DIRECTIONS", "STEPS", "arrow_statistics", "paper_setting",
+           "render_glyphs"]
 
-DIRECTIONS = ("up", "right", "down", "left")
-_STEP = {0: (-1, 0), 1: (0, 1), 2: (1, 0), 3: (0, -1)}  # (row, col) offset of each direction
+DIRECTIONS = ("up", "right", "down", "left")  # the labels of the arrow and motion tasks
+STEPS = {0: (-1, 0), 1: (0, 1), 2: (1, 0), 3: (0, -1)}  # (row, col) offset of each direction
 _LETTERS = "ABCDE"
 _SUPERSAMPLE = 4
 _STATISTICS_SEED, _STATISTICS_SAMPLES = 7_000_003, 2048
@@ -156,13 +157,13 @@ class ArrowDataset(Dataset):
         g = cfg.grid
         while True:  # a Y whose stem side stays inside the grid
             y_row, y_col, stem = int(rng.integers(g)), int(rng.integers(g)), int(rng.integers(4))
-            t_row, t_col = y_row + _STEP[stem][0], y_col + _STEP[stem][1]
+            t_row, t_col = y_row + STEPS[stem][0], y_col + STEPS[stem][1]
             if 0 <= t_row < g and 0 <= t_col < g:
                 break
         directions = rng.permutation(np.repeat(np.arange(4), cfg.num_arrows // 4))
         label = int(directions[0])
         layout = {(y_row, y_col): f"y{stem}", (t_row, t_col): f"arrow{label}"}
-        neighbours = [(y_row + dr, y_col + dc) for dr, dc in _STEP.values()]
+        neighbours = [(y_row + dr, y_col + dc) for dr, dc in STEPS.values()]
         neighbours = [(r, c) for r, c in neighbours if 0 <= r < g and 0 <= c < g and (r, c) not in layout]
         hard = [neighbours[i] for i in rng.permutation(len(neighbours))[: cfg.hard_negatives]]
         free = [(r, c) for r in range(g) for c in range(g) if (r, c) not in layout and (r, c) not in hard]

@@ -30,13 +30,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from .arrows import DIRECTIONS, STEPS
 from .images import TransformedDataset
 
-__all__ = ["MOTION_DIRECTIONS", "MotionConfig", "MotionDataset", "VIDEO_SUFFIXES", "VideoTransform",
-           "load_videofolder", "motion_statistics", "read_video"]
+__all__ = ["MotionConfig", "MotionDataset", "VIDEO_SUFFIXES", "VideoTransform", "load_videofolder",
+           "motion_statistics", "read_video"]
 
-MOTION_DIRECTIONS = ("up", "right", "down", "left")
-_STEP = {0: (-1, 0), 1: (0, 1), 2: (1, 0), 3: (0, -1)}  # (row, col) per time step
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".ogv", ".gif")
 _STATISTICS_SEED, _STATISTICS_SAMPLES = 7_100_003, 512
 
@@ -92,7 +91,7 @@ class MotionDataset(Dataset):
         if channels not in (1, 3):
             raise ValueError(f"motion clips have 1 or 3 channels, got {channels}")
         self.length, self.config, self.seed, self.channels = length, config or MotionConfig(), seed, channels
-        self.classes = list(MOTION_DIRECTIONS)
+        self.classes = list(DIRECTIONS)
         if normalize == "auto":
             normalize = motion_statistics(self.config)
         self.normalize = None if normalize is None else tuple(
@@ -108,7 +107,7 @@ class MotionDataset(Dataset):
         cfg, rng = self.config, np.random.default_rng([self.seed, index])
         g, steps = cfg.grid, cfg.steps
         direction = int(rng.integers(4))
-        dr, dc = _STEP[direction]
+        dr, dc = STEPS[direction]  # one cell per time step
         span = steps - 1
         rows = range(max(0, -dr * span), g - max(0, dr * span))  # starts whose whole path stays on the board
         cols = range(max(0, -dc * span), g - max(0, dc * span))

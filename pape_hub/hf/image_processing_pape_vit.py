@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from transformers import ViTImageProcessor
+
+from .remote_code import record_auto_map
 
 
 class PapeViTImageProcessor(ViTImageProcessor):
@@ -17,8 +18,6 @@ class PapeViTImageProcessor(ViTImageProcessor):
     def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> Any:
         """Also record ``auto_map`` so the folder loads with ``trust_remote_code=True`` without pape_hub."""
         out = super().save_pretrained(save_directory, *args, **kwargs)
-        path = Path(save_directory) / "preprocessor_config.json"
-        config = json.loads(path.read_text())
-        config["auto_map"] = {"AutoImageProcessor": "image_processing_pape_vit.PapeViTImageProcessor"}
-        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        record_auto_map(Path(save_directory) / "preprocessor_config.json",
+                        {"AutoImageProcessor": "image_processing_pape_vit.PapeViTImageProcessor"})
         return out

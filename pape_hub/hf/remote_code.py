@@ -13,7 +13,7 @@ import re
 import shutil
 from pathlib import Path
 
-__all__ = ["ENTRY_MODULES", "write_remote_code"]
+__all__ = ["ENTRY_MODULES", "record_auto_map", "write_remote_code"]
 
 #: the files transformers is pointed at (``auto_map``), by their package module names; they keep their short names
 ENTRY_MODULES = ("configuration_pape_vit", "modeling_pape_vit", "image_processing_pape_vit",
@@ -71,3 +71,14 @@ def write_remote_code(directory: str | Path, entries: list[str] | None = None) -
         (directory / name).write_text(_RELATIVE.sub(rewrite, source))
         names.append(name)
     return sorted(names)
+
+
+def record_auto_map(path: str | Path, auto_map: dict[str, str]) -> None:
+    """Add ``auto_map`` to a saved processor config, so the folder loads with ``trust_remote_code=True`` where
+    pape_hub is not installed."""
+    import json
+
+    path = Path(path)
+    config = json.loads(path.read_text())
+    config["auto_map"] = auto_map
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -3,13 +3,14 @@ normalised with the model's mean and std; output ``pixel_values`` (B, T, C, H, W
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import PILImageResampling
 from transformers.video_processing_utils import BaseVideoProcessor
+
+from .remote_code import record_auto_map
 
 __all__ = ["PapeViViTVideoProcessor"]
 
@@ -34,8 +35,6 @@ class PapeViViTVideoProcessor(BaseVideoProcessor):
     def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> Any:
         """Also record ``auto_map`` so the folder loads with ``trust_remote_code=True`` without pape_hub."""
         out = super().save_pretrained(save_directory, *args, **kwargs)
-        path = Path(save_directory) / "video_preprocessor_config.json"
-        config = json.loads(path.read_text())
-        config["auto_map"] = {"AutoVideoProcessor": "video_processing_pape_vivit.PapeViViTVideoProcessor"}
-        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        record_auto_map(Path(save_directory) / "video_preprocessor_config.json",
+                        {"AutoVideoProcessor": "video_processing_pape_vivit.PapeViViTVideoProcessor"})
         return out
