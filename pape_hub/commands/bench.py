@@ -56,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
     parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (fp32 CPU, bf16 GPU)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--keep-denormals", action="store_true",
+                        help="on CPU, keep subnormal floats (by default flushed to zero, as pape-hub train does)")
     parser.add_argument("--output", default="outputs/bench/bench.json",
                         help="the results JSON (a PNG plot is written beside it)")
 
@@ -118,13 +120,16 @@ def run(args: argparse.Namespace) -> int:
                           ("cpu" if args.device == "auto" else args.device))
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "float32": torch.float32,
              "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    flush = device.type == "cpu" and not args.keep_denormals
+    if flush:
+        torch.set_flush_denormal(True)  # as pape-hub train does: subnormal floats are slow on CPU
     encodings = list_encodings() if args.encodings == "all" else args.encodings.split(",")
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
     report: dict[str, Any] = dict(provenance=provenance("bench"), device=device_name, dtype=str(dtype),
-                                  torch=torch.__version__,
+                                  flush_denormals=flush, torch=torch.__version__,
                                   timm=timm.__version__, batch_size=args.batch_size, repeats=args.repeats, runs=[])
     failures = []
     print(f"device: {device_name}, dtype {dtype}, batch {args.batch_size}, {args.repeats} interleaved rounds",

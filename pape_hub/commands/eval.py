@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)  # subnormal floats are slow on CPU and change no prediction (see training.py)
     result = evaluate_checkpoint(args.checkpoint, args.dataset, sizes=ints(args.sizes),
                                  resolutions=ints(args.resolutions), interpolation=args.interpolation,
                                  split=args.split, batch_size=args.batch_size, eval_size=args.eval_size,

@@ -91,7 +91,8 @@ def bench_block(results: Path, name: str) -> str:
             cells.append(",".join(r.get("kernels", [])))
             lines.append("| " + " | ".join(cells) + " |")
         out.append("\n".join(lines))
-    out.append(f"{data['device']}, {data['dtype']}, inference batch {data['batch_size']}, medians of "
+    denormals = "subnormal floats flushed to zero" if data.get("flush_denormals") else "subnormal floats kept"
+    out.append(f"{data['device']}, {data['dtype']}, {denormals}, inference batch {data['batch_size']}, medians of "
                f"{data['repeats']} interleaved rounds. {provenance_line(data)}")
     return "\n\n".join(out) + "\n"
 

@@ -91,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--label-column", default=d.label_column, help="hf datasets: label column")
     parser.add_argument("--log-with", default=None, help="accelerate tracker: tensorboard, wandb, ...")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--keep-denormals", action="store_true",
+                        help="on CPU, keep subnormal floats (by default they are flushed to zero: PaPE trains ~3x "
+                        "faster)")
     parser.add_argument("--quiet", action="store_true")
 
 
@@ -112,7 +115,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     values = {k: v for k, v in vars(args).items() if k in names}
     values.update(model_kwargs=model_kwargs, clip_grad=args.clip_grad or None,
                   arrow={field: getattr(args, flag) for flag, field in ARROW_FLAGS.items()},
-                  motion={field: getattr(args, flag) for flag, field in MOTION_FLAGS.items()})
+                  motion={field: getattr(args, flag) for flag, field in MOTION_FLAGS.items()},
+                  flush_denormals=not args.keep_denormals)
     return TrainConfig(**values)
 
 
