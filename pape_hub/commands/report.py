@@ -130,6 +130,8 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "arrows_full": ("arrows", lambda r: comparison_block(r, "arrows_full", "`pape-hub arrows --full`")),
     "arrows_isolated": ("arrows", lambda r: comparison_block(r, "arrows_isolated", "`pape-hub arrows --isolated`")),
     "arrows_sharper": ("arrows", lambda r: comparison_block(r, "arrows_sharper", "sharper ALiBi / PaPE-RI")),
+    "arrows_rope_mixed_long": ("arrows", lambda r: comparison_block(r, "arrows_rope_mixed_seed2_long",
+                                                                    "RoPE-Mixed seed 2, twice the schedule")),
     "digits": ("compare", lambda r: comparison_block(r, "digits", "`pape-hub compare --dataset digits`")),
     "video": ("compare", lambda r: comparison_block(r, "video_motion", "`pape-hub compare --dataset video-motion`")),
     "bench_b16_224": ("bench", lambda r: bench_block(r, "bench_vit_b16_224_cpu.json")),
