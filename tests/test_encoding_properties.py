@@ -112,6 +112,24 @@ def test_polar_rope_scores_depend_on_polar_offsets_only():
     assert (score(at(1.0, 0.3), at(2.0, 1.0)) - score(at(1.0, 0.3), at(2.0, 1.5))).abs().max() > 1e-6
 
 
+def test_polar_rope_is_rotation_invariant_away_from_the_branch_cut():
+    """Scores depend on (dr, dtheta) about the centre, so turning the board about its centre changes nothing
+    for pairs whose angles do not straddle atan2's cut at +-pi: why Polar RoPE, like the isotropic biases,
+    cannot tell a quarter-turned motion clip from the original (README, video results)."""
+    enc = make_encoding("polar_rope", num_prefix=0)
+    corners = torch.tensor([[-9.0, -9.0], [9.0, -9.0], [-9.0, 9.0], [9.0, 9.0]], dtype=torch.float64)  # centre 0
+    g = torch.Generator().manual_seed(3)
+    r = 1 + 7 * torch.rand(N, generator=g, dtype=torch.float64)
+    theta = 0.1 + 1.3 * torch.rand(N, generator=g, dtype=torch.float64)  # first quadrant, turned into the second
+    points = torch.stack([r * theta.cos(), r * theta.sin()], -1)
+    q, k, x = random_qkx(N + 4)
+    before = logits(enc, free_positions(torch.cat([points, corners]), 0), q, k, x)
+    for angle in (math.pi / 2, 1.0):  # the corners stay symmetric about 0, so the centre does not move
+        turn = rotation_2d(angle)
+        after = logits(enc, free_positions(torch.cat([points, corners]) @ turn.T, 0), q, k, x)
+        torch.testing.assert_close(after[..., :N, :N], before[..., :N, :N], rtol=1e-9, atol=1e-10)
+
+
 def test_rotation_tables_rotate_pairs_and_leave_prefix_tokens():
     from pape_hub.encodings.rotary import rotate_pairs, rotation_tables
 
