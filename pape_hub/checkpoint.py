@@ -26,7 +26,8 @@ from safetensors.torch import load_file
 
 from .hf.configuration_pape_vit import check_config_agreement
 
-__all__ = ["atomic_write", "load_checkpoint", "read_config", "replace_dir", "save_checkpoint"]
+__all__ = ["atomic_write", "load_checkpoint", "newest_complete", "read_config", "recover_dir",
+           "replace_dir", "save_checkpoint"]
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
@@ -38,22 +39,55 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     os.close(fd)
     try:
         write(Path(tmp))
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are as readable as every other file written here
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
+def _swap_names(dst: Path) -> tuple[Path, Path]:
+    """(complete new copy, previous copy) beside ``dst`` during a swap."""
+    return dst.with_name(f".{dst.name}.new"), dst.with_name(f".{dst.name}.old")
+
+
 def replace_dir(src: Path, dst: Path) -> None:
-    """Move a finished folder onto ``dst``; the old ``dst`` is removed only after the new one is in place."""
-    old = dst.with_name(f".{dst.name}.old")
-    if old.exists():
-        shutil.rmtree(old)
+    """Move the finished folder ``src`` onto ``dst`` so that a kill at any point leaves a complete copy that
+    :func:`recover_dir` puts back: ``src`` is first renamed to ``.dst.new`` (complete by construction), then the
+    old ``dst`` to ``.dst.old``, then ``.dst.new`` to ``dst``; the old copy is removed last."""
+    new, old = _swap_names(dst)
+    recover_dir(dst)
+    os.replace(src, new)
     if dst.exists():
         os.replace(dst, old)
-    os.replace(src, dst)
+    os.replace(new, dst)
     if old.exists():
         shutil.rmtree(old)
+
+
+def recover_dir(dst: Path) -> Path:
+    """Finish or undo a swap that :func:`replace_dir` did not complete; returns ``dst``. The newest complete copy
+    wins: ``.dst.new`` (the swap stopped before moving it in), else ``dst``, else ``.dst.old`` (it stopped between
+    the two renames). A ``.tmp`` folder that was never handed to ``replace_dir`` is not complete and is ignored."""
+    new, old = _swap_names(dst)
+    if new.is_dir():
+        if dst.exists():
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(dst, old)
+        os.replace(new, dst)
+    elif not dst.exists() and old.is_dir():
+        os.replace(old, dst)
+    if dst.exists() and old.exists():
+        shutil.rmtree(old)
+    return dst
+
+
+def newest_complete(dst: Path) -> Path:
+    """Where a reader finds the newest complete copy of ``dst`` without changing anything on disk (see
+    :func:`recover_dir`, which a writer calls)."""
+    new, old = _swap_names(dst)
+    return new if new.is_dir() else dst if dst.exists() or not old.is_dir() else old
 
 
 def save_checkpoint(model: torch.nn.Module, directory: str | Path, results: dict[str, Any] | None = None, *,
@@ -99,18 +133,22 @@ def save_checkpoint(model: torch.nn.Module, directory: str | Path, results: dict
 
 
 def read_config(directory: str | Path) -> dict[str, Any]:
-    path = Path(directory) / CONFIG
+    """A checkpoint folder's config.json (after finishing a save that was interrupted), checked to be an object."""
+    path = newest_complete(Path(directory)) / CONFIG
     if not path.exists():
         raise FileNotFoundError(f"{directory} is not a pape_hub checkpoint: {CONFIG} is missing")
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is corrupt (not valid JSON): {err}") from err
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object of model settings, got a JSON {type(config).__name__}")
+    return config
 
 
 def load_checkpoint(directory: str | Path, **overrides: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
     """(model, config) from a checkpoint folder; ``overrides`` are extra model constructor arguments."""
-    directory = Path(directory)
+    directory = newest_complete(Path(directory))
     config = read_config(directory)
     if "architecture" not in config:
         raise ValueError(f"{directory / CONFIG} has no 'architecture': not a timm/pape_hub checkpoint")

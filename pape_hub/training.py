@@ -12,6 +12,12 @@ keeps a second run out while one is writing):
     state/               accelerate ``save_state`` (model, optimizer, scheduler, RNG, sampler) + trainer_state.json
     metrics.jsonl        one JSON line per epoch
     results.json         final numbers (test split scored with the best-on-validation checkpoint)
+    .pape_hub_run.json   the manifest: what this package writes here. ``overwrite`` removes only what an earlier
+                         run's manifest lists, after every setting, the data and the model have been checked;
+                         it never removes a file it did not write.
+Every folder is swapped in whole (:func:`~pape_hub.checkpoint.replace_dir`), so a kill at any point leaves a
+complete copy that ``resume`` and loading find. A non-finite loss stops the run with an error before the
+optimizer step; the checkpoints of the last finished epoch stay as they were.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +43,7 @@ from timm.optim import create_optimizer_v2
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from .checkpoint import atomic_write, replace_dir, save_checkpoint
+from .checkpoint import atomic_write, recover_dir, replace_dir, save_checkpoint
 from .data import (
     ArrowConfig,
     MotionConfig,
@@ -65,7 +71,17 @@ RESUME_HPARAMS = ("lr", "min_lr", "batch_size", "weight_decay", "warmup_epochs",
                   "label_smoothing", "drop_path", "aug", "crop_scale", "hflip", "color_jitter", "randaugment", "mixup",
                   "cutmix", "normalize", "train_size", "val_fraction", "arrow", "motion", "num_frames", "seed",
                   "img_size")
-LOCK_NAME = ".pape_hub.lock"
+LOCK_NAME, MANIFEST_NAME = ".pape_hub.lock", ".pape_hub_run.json"
+#: what a training run writes in its output folder (and nothing else there is ever removed)
+RUN_OUTPUTS = ("best", "last", "state", "metrics.jsonl", "results.json")
+#: numeric settings and their allowed range, checked by name (all must also be finite)
+RANGES: dict[str, tuple[float, float, str]] = {
+    "lr": (0.0, 1.0, "(0, 1]"), "min_lr": (0.0, 1.0, "[0, lr]"), "weight_decay": (0.0, 10.0, "[0, 10]"),
+    "warmup_epochs": (0.0, math.inf, "[0, epochs]"), "label_smoothing": (0.0, 1.0, "[0, 1)"),
+    "drop_path": (0.0, 1.0, "[0, 1)"), "clip_grad": (0.0, math.inf, "positive"), "hflip": (0.0, 1.0, "[0, 1]"),
+    "color_jitter": (0.0, 10.0, "[0, 10]"), "mixup": (0.0, 100.0, "[0, 100]"), "cutmix": (0.0, 100.0, "[0, 100]"),
+    "val_fraction": (0.0, 1.0, "(0, 1)"),
+}
 
 
 @dataclass
@@ -118,24 +134,29 @@ class TrainConfig:
         def bad(name: str, rule: str) -> None:
             raise ValueError(f"{name} (--{name.replace('_', '-')}) {rule}, got {getattr(self, name)!r}")
 
+        for f in fields(self):  # every number, wherever it is: finite (NaN and infinity train to NaN weights)
+            value = getattr(self, f.name)
+            numbers = value if isinstance(value, tuple) else (value,)
+            if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+                bad(f.name, "must be a finite number")
         for name in ("epochs", "batch_size", "grad_accum", "train_size", "eval_size"):
             if getattr(self, name) < 1:
                 bad(name, "must be at least 1")
         if self.stop_after_epoch is not None and self.stop_after_epoch < 1:
             bad("stop_after_epoch", "must be at least 1 (epochs to run before stopping)")
-        if not self.lr > 0:
-            bad("lr", "must be positive")
-        if not 0 <= self.min_lr <= self.lr:
+        if self.num_workers < 0:
+            bad("num_workers", "must not be negative")
+        for name, (low, high, shown) in RANGES.items():
+            value = getattr(self, name)
+            open_low = name in ("lr", "clip_grad", "val_fraction")
+            open_high = name in ("label_smoothing", "drop_path", "val_fraction")
+            if value is not None and not ((low < value if open_low else low <= value)
+                                          and (value < high if open_high else value <= high)):
+                bad(name, f"must be in {shown}")
+        if self.min_lr > self.lr:
             bad("min_lr", f"must be in [0, lr={self.lr}]")
-        for name in ("weight_decay", "warmup_epochs", "drop_path", "num_workers"):
-            if getattr(self, name) < 0:
-                bad(name, "must not be negative")
-        if not 0 <= self.label_smoothing < 1:
-            bad("label_smoothing", "must be in [0, 1)")
-        if not 0 < self.val_fraction < 1:
-            bad("val_fraction", "must be in (0, 1)")
-        if self.clip_grad is not None and self.clip_grad <= 0:
-            bad("clip_grad", "must be positive (or None / 0 on the command line for no clipping)")
+        if self.warmup_epochs > self.epochs:
+            bad("warmup_epochs", f"must be in [0, epochs={self.epochs}]")
         if self.aug not in AUGMENTATION_PRESETS:
             bad("aug", f"must be one of {list(AUGMENTATION_PRESETS)}")
         if self.normalize not in ("dataset", "model"):
@@ -144,11 +165,8 @@ class TrainConfig:
             self.crop_scale = tuple(float(v) for v in self.crop_scale)
             if len(self.crop_scale) != 2 or not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1:
                 bad("crop_scale", "must be two numbers 0 < min <= max <= 1")
-        for name in ("hflip", "color_jitter", "mixup", "cutmix"):
-            if getattr(self, name) is not None and getattr(self, name) < 0:
-                bad(name, "must not be negative")
-        if self.hflip is not None and self.hflip > 1:
-            bad("hflip", "is a probability in [0, 1]")
+        if not isinstance(self.model_kwargs, dict):
+            bad("model_kwargs", "must be a JSON object of model constructor arguments")
 
     def augmentation(self) -> dict[str, Any]:
         """The ``aug`` preset with this config's explicit overrides."""
@@ -222,18 +240,55 @@ def _comparable(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def prepare_output_dir(cfg: TrainConfig, main: bool) -> FileLock | None:
-    """Refuse a non-empty output folder (unless resuming into it or overwriting), then lock it for this run."""
+def _manifest(out: Path) -> list[str]:
+    """What earlier runs of this package wrote in ``out`` (their manifest), or nothing."""
+    path = out / MANIFEST_NAME
+    try:
+        listed = json.loads(path.read_text()).get("outputs", []) if path.is_file() else []
+    except (ValueError, AttributeError):
+        return []
+    return [name for name in listed if name in RUN_OUTPUTS]
+
+
+def _with_swap_names(out: Path, name: str) -> list[Path]:
+    """``name`` and the temporary siblings this package makes while replacing it (``.name.tmp/.new/.old``,
+    ``.name.<random>`` of an atomic file write)."""
+    return [out / name, *out.glob(f".{name}.*")]
+
+
+def _resuming_here(cfg: TrainConfig) -> bool:
+    out = Path(cfg.output_dir).resolve()
+    return cfg.resume is not None and Path(cfg.resume).resolve() in (out, out / "state")
+
+
+def check_output_dir(cfg: TrainConfig) -> None:
+    """Refuse an output folder this run may not use, before any work and without touching it: a used folder
+    without ``resume`` or ``overwrite``, and, with ``overwrite``, files in the way that no earlier run wrote."""
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--output-dir {out} exists and is not a folder")
-    leftovers = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME) if out.exists() else []
-    resuming_here = cfg.resume is not None and Path(cfg.resume).resolve() in (out.resolve(), (out / "state").resolve())
-    if leftovers and not (cfg.overwrite or resuming_here):
+    if not out.exists() or _resuming_here(cfg):
+        return
+    leftovers = sorted(p.name for p in out.iterdir() if p.name not in (LOCK_NAME, MANIFEST_NAME))
+    if leftovers and not cfg.overwrite:
         raise FileExistsError(f"--output-dir {out} already holds a run ({', '.join(leftovers[:5])}); pass --resume "
                               f"{out} to continue it, --overwrite to replace it, or choose another folder")
+    ours = set(_manifest(out))
+    foreign = sorted(p.name for name in RUN_OUTPUTS if name not in ours for p in _with_swap_names(out, name)
+                     if p.exists())
+    if foreign:
+        raise FileExistsError(f"--output-dir {out} holds {', '.join(foreign[:5])}, which no pape_hub run wrote there "
+                              "(its manifest does not list them); --overwrite removes only a run's own outputs, so "
+                              "move them or choose another folder")
+
+
+def claim_output_dir(cfg: TrainConfig, main: bool) -> FileLock | None:
+    """Lock the folder for this run, remove what an earlier run listed in its manifest (with ``overwrite``), and
+    list this run's outputs before writing any. Called once everything has been checked."""
+    check_output_dir(cfg)  # again: the folder may have changed while the data and model were prepared
     if not main:
         return None
+    out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(out / LOCK_NAME))
     try:
@@ -241,11 +296,19 @@ def prepare_output_dir(cfg: TrainConfig, main: bool) -> FileLock | None:
     except Timeout as err:
         raise RuntimeError(f"another run is writing to {out} (its lock {out / LOCK_NAME} is held); wait for it to "
                            "finish or choose another --output-dir") from err
-    if leftovers and cfg.overwrite and not resuming_here:
-        for name in leftovers:
-            path = out / name
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if cfg.overwrite and not _resuming_here(cfg):
+        for name in _manifest(out):
+            for path in _with_swap_names(out, name):
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    atomic_write(out / MANIFEST_NAME, lambda p: p.write_text(json.dumps(dict(
+        written_by="pape_hub training", outputs=list(RUN_OUTPUTS)), indent=1) + "\n"))
     return lock
+
+
+def release_output_dir(lock: FileLock | None, cfg: TrainConfig) -> None:
+    if lock is not None:
+        lock.release()
+        (Path(cfg.output_dir) / LOCK_NAME).unlink(missing_ok=True)  # no empty lock file left behind
 
 
 def data_transforms(cfg: TrainConfig, img_size: int, channels: int, mean: Any, std: Any, crop_pct: float,
@@ -293,17 +356,20 @@ def normalisation(cfg: TrainConfig, img_size: int, channels: int, arrow_cfg: Arr
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Train, validate every epoch, keep best/last, score the test split with the best; returns results."""
-    out = Path(cfg.output_dir)
+    """Train, validate every epoch, keep best/last, score the test split with the best; returns results.
+
+    Everything is checked (settings, model, push target, output folder, data) before the output folder is
+    touched."""
     model_args_for(cfg.model)  # an unknown name fails here, before any work
     push_target = None
     if cfg.push_to_hub:
         from .hub import check_push_target
 
         push_target = check_push_target(cfg.push_to_hub)  # token, repo id and endpoint before the first step
+    check_output_dir(cfg)
     accelerator = Accelerator(
         mixed_precision=cfg.mixed_precision, gradient_accumulation_steps=cfg.grad_accum,
-        log_with=cfg.log_with, project_dir=str(out),
+        log_with=cfg.log_with, project_dir=str(cfg.output_dir),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
     if cfg.flush_denormals and accelerator.device.type == "cpu":
@@ -311,21 +377,35 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         # (a PaPE training step: 3.5x a plain ViT with them, 1.2x without). Zeroing them changes no result that
         # matters; the setting is process-wide, which is why the training entry point, not the model, sets it.
         torch.set_flush_denormal(True)
-    main = accelerator.is_main_process
-    lock = prepare_output_dir(cfg, main)
-    try:
-        return _train(cfg, accelerator, push_target)
-    finally:
-        if lock is not None:
-            lock.release()
-
-
-def _train(cfg: TrainConfig, accelerator: Accelerator, push_target: str | None) -> dict[str, Any]:
-    out = Path(cfg.output_dir)
     set_seed(cfg.seed)
-    main = accelerator.is_main_process
+    run = build_run(cfg, accelerator)
+    lock = claim_output_dir(cfg, accelerator.is_main_process)
+    try:
+        return fit(cfg, accelerator, run, push_target)
+    finally:
+        release_output_dir(lock, cfg)
 
-    # --- data ------------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """Everything a training run is made of once the settings, data and model are checked."""
+
+    data: Any
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    criterion: torch.nn.Module
+    mixup: Mixup | None
+    train_loader: Any
+    val_loader: Any
+    test_loader: Any
+    steps_per_epoch: int
+    data_config: dict[str, Any]
+    facts: dict[str, Any]
+
+
+def _input_spec(cfg: TrainConfig) -> tuple[Any, int, int | None, bool]:
+    """(task config of a generated dataset or None, image size, frames per clip or None, is video)."""
     arrow_cfg, motion_cfg = ArrowConfig(**cfg.arrow), MotionConfig(**cfg.motion)
     generated = {"arrows": arrow_cfg, "motion": motion_cfg}.get(cfg.dataset)
     defaults = {**model_args_for(cfg.model), **cfg.model_kwargs}
@@ -342,6 +422,13 @@ def _train(cfg: TrainConfig, accelerator: Accelerator, push_target: str | None) 
         if cfg.dataset == "motion" and list(defaults["tubelet_size"])[0] != motion_cfg.tubelet_frames:
             raise ValueError(f"the motion task keeps frames still within tubelets of {motion_cfg.tubelet_frames}, but "
                              f"the model's tubelet is {list(defaults['tubelet_size'])}; make them agree")
+    return generated, img_size, num_frames, video
+
+
+def build_run(cfg: TrainConfig, accelerator: Accelerator) -> Run:
+    """Data, model, optimizer, schedule and loss, prepared by accelerate."""
+    generated, img_size, num_frames, video = _input_spec(cfg)
+    arrow_cfg, motion_cfg = ArrowConfig(**cfg.arrow), MotionConfig(**cfg.motion)
     channels = cfg.model_kwargs.get("in_chans", 3)
     crop_pct = get_pretrained_cfg(cfg.model).to_dict().get("crop_pct", 0.9)
     mean, std = normalisation(cfg, img_size, channels, arrow_cfg, motion_cfg, crop_pct, num_frames)
@@ -361,7 +448,6 @@ def _train(cfg: TrainConfig, accelerator: Accelerator, push_target: str | None) 
     if len(train_loader) == 0:
         raise ValueError(f"the training split has {len(data.train)} samples, fewer than one batch of {cfg.batch_size}")
 
-    # --- model, optimizer, schedule, loss --------------------------------------------------------
     model = build_model(cfg, num_classes, img_size, num_frames)
     optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = math.ceil(len(train_loader) / cfg.grad_accum)
@@ -381,84 +467,131 @@ def _train(cfg: TrainConfig, accelerator: Accelerator, push_target: str | None) 
         model, optimizer, train_loader, val_loader, scheduler)
     if test_loader is not None:
         test_loader = accelerator.prepare(test_loader)
-
-    # --- resume ----------------------------------------------------------------------------------
-    state_dir = out / "state"
-    start_epoch, best, history = 0, dict(top1=-1.0, epoch=-1), []
-    if cfg.resume:
-        resume_dir = Path(cfg.resume)
-        resume_dir = resume_dir / "state" if (resume_dir / "state").is_dir() else resume_dir
-        saved = check_resume(cfg, resume_dir)
-        accelerator.load_state(str(resume_dir))
-        start_epoch, best, history = saved["epoch"] + 1, saved["best"], saved["history"]
-        if main and not cfg.quiet:
-            print(f"resumed from {resume_dir} after epoch {saved['epoch'] + 1} (step {saved['step']})")
-    if cfg.log_with:
-        accelerator.init_trackers(out.name, config={k: str(v) for k, v in asdict(cfg).items()})
-
     data_config = dict(input_size=(channels, img_size, img_size), mean=mean, std=std)
     facts = dict(dataset=data.description, model=cfg.model, model_kwargs=cfg.model_kwargs, seed=cfg.seed,
                  recipe=recipe_summary(cfg))
+    return Run(data, model, optimizer, scheduler, criterion, mixup, train_loader, val_loader, test_loader,
+               steps_per_epoch, data_config, facts)
+
+
+def resume_state_dir(resume: str | Path) -> Path:
+    """The state folder of ``--resume`` (a run folder or its ``state/``), after finishing an interrupted swap."""
+    resume_dir = Path(resume)
+    candidate = resume_dir / "state"
+    if candidate.is_dir() or any(resume_dir.glob(".state.*")):
+        return recover_dir(candidate)
+    return recover_dir(resume_dir)
+
+
+def fit(cfg: TrainConfig, accelerator: Accelerator, run: Run, push_target: str | None) -> dict[str, Any]:
+    """The epochs (from a resumed state if asked), then the test score of the best checkpoint and the push."""
+    out, main = Path(cfg.output_dir), accelerator.is_main_process
+    start_epoch, best, history = 0, dict(top1=-1.0, epoch=-1), []
+    if cfg.resume:
+        state_dir = resume_state_dir(cfg.resume)
+        saved = check_resume(cfg, state_dir)
+        accelerator.load_state(str(state_dir))
+        start_epoch, best, history = saved["epoch"] + 1, saved["best"], saved["history"]
+        if main and not cfg.quiet:
+            print(f"resumed from {state_dir} after epoch {saved['epoch'] + 1} (step {saved['step']})")
+    if cfg.log_with:
+        accelerator.init_trackers(out.name, config={k: str(v) for k, v in asdict(cfg).items()})
     started = time.time()
     last_epoch = cfg.epochs if cfg.stop_after_epoch is None else min(cfg.epochs, cfg.stop_after_epoch)
     for epoch in range(start_epoch, last_epoch):
-        model.train()
-        train_loader.set_epoch(epoch)
-        loss_sum, seen = 0.0, 0
-        bar = tqdm(train_loader, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not main or cfg.quiet,
-                   leave=False)
-        for images, labels in bar:
-            with accelerator.accumulate(model):
-                targets = labels
-                if mixup is not None:
-                    images, targets = mixup(images, labels)
-                loss = criterion(model(images), targets)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and cfg.clip_grad:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-            loss_sum += loss.item() * labels.shape[0]
-            seen += labels.shape[0]
-            bar.set_postfix(loss=f"{loss_sum / seen:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
-        val = evaluate_loader(model, val_loader, accelerator)
-        record = dict(epoch=epoch, train_loss=loss_sum / max(seen, 1), val_top1=val["top1"], val_top5=val["top5"],
-                      val_loss=val["loss"], lr=scheduler.get_last_lr()[0], images_seen=(epoch + 1) * len(data.train),
-                      elapsed_s=round(time.time() - started, 1))
+        train_loss = train_one_epoch(cfg, accelerator, run, epoch)
+        val = evaluate_loader(run.model, run.val_loader, accelerator)
+        record = dict(epoch=epoch, train_loss=train_loss, val_top1=val["top1"], val_top5=val["top5"],
+                      val_loss=val["loss"], lr=run.scheduler.get_last_lr()[0],
+                      images_seen=(epoch + 1) * len(run.data.train), elapsed_s=round(time.time() - started, 1))
         history.append(record)
         accelerator.log(record, step=epoch)
-        accelerator.wait_for_everyone()
-        unwrapped = accelerator.unwrap_model(model)
-        if main:
-            if val["top1"] > best["top1"]:
-                best = dict(top1=val["top1"], epoch=epoch)
-                save_checkpoint(unwrapped, out / "best", label_names=data.classes, data_config=data_config,
-                                extra={**facts, "epoch": epoch, "val_top1": val["top1"]})
-            save_checkpoint(unwrapped, out / "last", label_names=data.classes, data_config=data_config,
-                            extra={**facts, "epoch": epoch})
-            with open(out / "metrics.jsonl", "a") as fh:
-                fh.write(json.dumps(record) + "\n")
-            if not cfg.quiet:
-                print(f"epoch {epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}, "
-                      f"val top-1 {val['top1']:.4f}, {record['elapsed_s']}s", flush=True)
-        # full training state: written to a temporary folder, then swapped in
-        tmp_state = out / ".state.tmp"
-        accelerator.save_state(str(tmp_state))
-        if main:
-            trainer_state = dict(epoch=epoch, step=(epoch + 1) * steps_per_epoch, best=best, history=history,
-                                 identity=cfg.identity(), config=asdict(cfg))
-            atomic_write(tmp_state / "trainer_state.json", lambda p, s=trainer_state: p.write_text(json.dumps(s)))
-            replace_dir(tmp_state, state_dir)
-        accelerator.wait_for_everyone()
+        if val["top1"] > best["top1"]:
+            best = dict(top1=val["top1"], epoch=epoch)
+        save_epoch(cfg, accelerator, run, record, best, history)
+    return finish(cfg, accelerator, run, best, history, started, push_target)
 
+
+def train_one_epoch(cfg: TrainConfig, accelerator: Accelerator, run: Run, epoch: int) -> float:
+    """One pass over the training split; returns the mean loss. A non-finite loss stops the run before the
+    optimizer step, so the weights and the checkpoints of the last finished epoch stay as they were."""
+    run.model.train()
+    run.train_loader.set_epoch(epoch)
+    loss_sum, seen = 0.0, 0
+    bar = tqdm(run.train_loader, desc=f"epoch {epoch + 1}/{cfg.epochs}",
+               disable=not accelerator.is_main_process or cfg.quiet, leave=False)
+    for step, (images, labels) in enumerate(bar):
+        with accelerator.accumulate(run.model):
+            targets = labels
+            if run.mixup is not None:
+                images, targets = run.mixup(images, labels)
+            loss = run.criterion(run.model(images), targets)
+            check_finite_loss(loss, accelerator, epoch, step, Path(cfg.output_dir))
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and cfg.clip_grad:
+                accelerator.clip_grad_norm_(run.model.parameters(), cfg.clip_grad)
+            run.optimizer.step()
+            run.scheduler.step()
+            run.optimizer.zero_grad(set_to_none=True)
+        loss_sum += loss.item() * labels.shape[0]
+        seen += labels.shape[0]
+        bar.set_postfix(loss=f"{loss_sum / seen:.3f}", lr=f"{run.scheduler.get_last_lr()[0]:.2e}")
+    return loss_sum / max(seen, 1)
+
+
+def check_finite_loss(loss: torch.Tensor, accelerator: Accelerator, epoch: int, step: int, out: Path) -> None:
+    """Raise on a NaN or infinite loss in any process (every process stops together)."""
+    finite = torch.isfinite(loss.detach()).all()
+    if accelerator.num_processes > 1:
+        finite = accelerator.reduce(finite.float().reshape(1), reduction="sum").item() == accelerator.num_processes
+    if not bool(finite):
+        kept = out / "last" if (out / "last").exists() else None
+        raise FloatingPointError(
+            f"the training loss is {loss.item()} at epoch {epoch + 1}, step {step + 1}: stopping "
+            f"({'the last good checkpoint is ' + str(kept) if kept else 'no epoch finished, so nothing was saved'}); "
+            "lower --lr or check the data")
+
+
+def save_epoch(cfg: TrainConfig, accelerator: Accelerator, run: Run, record: dict[str, Any], best: dict[str, Any],
+               history: list[dict[str, Any]]) -> None:
+    """best/ (when the validation score improved), last/, metrics.jsonl and the full training state."""
+    out, main, epoch = Path(cfg.output_dir), accelerator.is_main_process, record["epoch"]
+    accelerator.wait_for_everyone()
+    unwrapped = accelerator.unwrap_model(run.model)
+    if main:
+        kwargs = dict(label_names=run.data.classes, data_config=run.data_config)
+        if best["epoch"] == epoch:
+            save_checkpoint(unwrapped, out / "best", **kwargs,
+                            extra={**run.facts, "epoch": epoch, "val_top1": record["val_top1"]})
+        save_checkpoint(unwrapped, out / "last", **kwargs, extra={**run.facts, "epoch": epoch})
+        with open(out / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if not cfg.quiet:
+            print(f"epoch {epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}, "
+                  f"val top-1 {record['val_top1']:.4f}, {record['elapsed_s']}s", flush=True)
+        shutil.rmtree(out / ".state.tmp", ignore_errors=True)  # what a killed save left: never complete
+    accelerator.wait_for_everyone()
+    # full training state: written to a temporary folder, then swapped in
+    tmp_state = out / ".state.tmp"
+    accelerator.save_state(str(tmp_state))
+    if main:
+        trainer_state = dict(epoch=epoch, step=(epoch + 1) * run.steps_per_epoch, best=best, history=history,
+                             identity=cfg.identity(), config=asdict(cfg))
+        atomic_write(tmp_state / "trainer_state.json", lambda p, s=trainer_state: p.write_text(json.dumps(s)))
+        replace_dir(tmp_state, out / "state")
+    accelerator.wait_for_everyone()
+
+
+def finish(cfg: TrainConfig, accelerator: Accelerator, run: Run, best: dict[str, Any],
+           history: list[dict[str, Any]], started: float, push_target: str | None) -> dict[str, Any]:
+    out, main = Path(cfg.output_dir), accelerator.is_main_process
     results: dict[str, Any] = dict(best_epoch=best["epoch"], best_val_top1=best["top1"], history=history,
                                    output_dir=str(out), wall_s=round(time.time() - started, 1))
-    if test_loader is not None and (out / "best").exists():
+    if run.test_loader is not None and (out / "best").exists():
         from .checkpoint import load_checkpoint
 
         best_model, _ = load_checkpoint(out / "best")
-        results["test"] = evaluate_loader(accelerator.prepare(best_model), test_loader, accelerator)
+        results["test"] = evaluate_loader(accelerator.prepare(best_model), run.test_loader, accelerator)
     if main:
         atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(results, indent=2)))
         if push_target:

@@ -15,7 +15,7 @@ import pytest
 import timm
 
 from pape_hub.checkpoint import save_checkpoint
-from pape_hub.hub.server import LocalHub
+from pape_hub.hub.server import DropConnection, LocalHub
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = '{"patch_size": 12, "embed_dim": 32, "depth": 2, "num_heads": 2, "global_pool": "avg", "class_token": false}'
@@ -143,12 +143,20 @@ def test_writes_need_the_token_and_private_repos_hide(hub, tmp_path):
     assert err.value.code == 401 and err.value.headers["X-Error-Code"] == "Unauthorized"
     assert not hub.repo_exists("org/x") and not hub.repo_exists("org/nope")
     hub.create_repo("org/secret", private=True)
-    with pytest.raises(urllib.error.HTTPError) as err:
-        urllib.request.urlopen(f"{hub.url}/api/models/org/secret")
-    assert err.value.code == 401
+    answers = []
+    for repo in ("org/secret", "org/missing"):  # private and missing look alike to anonymous readers
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{hub.url}/api/models/{repo}")
+        answers.append((err.value.code, err.value.headers["X-Error-Code"], json.loads(err.value.read())["error"]
+                        .replace(repo, "REPO")))
+    assert answers[0] == answers[1] and answers[0][:2] == (401, "RepoNotFound")
 
 
-def test_interrupted_push_leaves_the_old_commit_and_a_retry_succeeds(hub, tmp_path):
+def drop_connection(*args, **kwargs):
+    raise DropConnection
+
+
+def test_interrupted_push_leaves_the_old_commit_and_a_retry_succeeds(hub, tmp_path, monkeypatch):
     first, second = tiny_checkpoint(tmp_path / "v1", seed=0), tiny_checkpoint(tmp_path / "v2", seed=1)
     done = client(hub, tmp_path, f"""
         from pape_hub.hub import push_checkpoint
@@ -157,8 +165,8 @@ def test_interrupted_push_leaves_the_old_commit_and_a_retry_succeeds(hub, tmp_pa
     """)
     assert "first pushed" in done.stdout, done.stderr[-2000:]
     head = hub.head("org/safe")
-    for hook in ("fail_uploads", "fail_commits"):  # dropped during the LFS upload, then during the commit
-        setattr(hub, hook, 100)  # huggingface_hub retries; every try fails
+    for step in ("receive_lfs", "commit"):  # dropped during the LFS upload, then during the commit
+        monkeypatch.setattr(hub, step, drop_connection)  # huggingface_hub retries; every try fails
         failed = client(hub, tmp_path, f"""
             from pape_hub.hub import push_checkpoint
             try:
@@ -166,7 +174,7 @@ def test_interrupted_push_leaves_the_old_commit_and_a_retry_succeeds(hub, tmp_pa
             except Exception as err:
                 print("failed:", type(err).__name__)
         """, HF_HUB_DOWNLOAD_TIMEOUT="5", HF_HUB_ETAG_TIMEOUT="5")
-        setattr(hub, hook, 0)
+        monkeypatch.undo()
         assert "failed:" in failed.stdout, failed.stdout + failed.stderr[-2000:]
         assert hub.head("org/safe") == head  # the old commit, whole
     retry = client(hub, tmp_path, f"""

@@ -183,3 +183,154 @@ def test_cli_version_errors_and_help_defaults():
     help_text = run_cli("train", "--help").stdout
     assert "(default: 8)" in help_text and "(default: vit_t4_rope_mixed)" in help_text
     assert '    pape-hub train --model vit_t4_pape --dataset digits --img-size 16 --aug none \\' in help_text
+
+
+# --- the security issue: overwrite, interrupted swaps, non-finite settings, 16-bit images, NaN inputs -----------
+def user_files(folder):
+    (folder / "data").mkdir(parents=True)
+    (folder / "thesis.txt").write_text("four years of work")
+    (folder / "data" / "important.csv").write_text("a,b\n1,2\n")
+    return {"thesis.txt": "four years of work", "data/important.csv": "a,b\n1,2\n"}
+
+
+def test_overwrite_checks_everything_first_and_removes_only_what_a_run_wrote(tmp_path):
+    train(arrow_config(tmp_path, epochs=1))
+    run = tmp_path / "run"
+    kept = user_files(run)
+    before = (run / "best" / "model.safetensors").read_bytes()
+    with pytest.raises(FileNotFoundError):  # a dataset that does not exist: nothing in the folder is touched
+        train(arrow_config(tmp_path, epochs=1, seed=5, overwrite=True, dataset="imagefolder:/does/not/exist"))
+    assert (run / "best" / "model.safetensors").read_bytes() == before
+    train(arrow_config(tmp_path, epochs=1, seed=5, overwrite=True))
+    assert all((run / name).read_text() == text for name, text in kept.items())  # the user's files survive
+    assert (run / "best" / "model.safetensors").read_bytes() != before  # the earlier run's outputs were replaced
+    assert not (run / LOCK_NAME).exists()  # no empty lock file left behind
+    assert oct((run / "results.json").stat().st_mode & 0o777) == "0o644"
+
+
+def test_overwrite_refuses_files_in_the_way_that_no_run_wrote(tmp_path):
+    run = tmp_path / "run"
+    kept = user_files(run)
+    (run / "metrics.jsonl").write_text("my own notes\n")  # a name the run writes, but not written by a run
+    with pytest.raises(FileExistsError, match="metrics.jsonl, which no pape_hub run wrote there"):
+        train(arrow_config(tmp_path, epochs=1, overwrite=True))
+    assert (run / "metrics.jsonl").read_text() == "my own notes\n"
+    (run / "metrics.jsonl").unlink()
+    train(arrow_config(tmp_path, epochs=1, overwrite=True))  # the user's other files stay where they are
+    assert all((run / name).read_text() == text for name, text in kept.items())
+
+
+@pytest.mark.parametrize("interrupted", ["between_renames", "before_moving_in"])
+def test_a_kill_during_the_state_swap_resumes_exactly(tmp_path, interrupted):
+    from test_training import assert_same_weights, weights
+
+    straight = train(arrow_config(tmp_path, name="straight", epochs=3))
+    train(arrow_config(tmp_path, epochs=3, stop_after_epoch=2))
+    run = tmp_path / "run"
+    if interrupted == "between_renames":  # `state` moved aside, the new copy not yet moved in
+        os.replace(run / "state", run / ".state.old")
+    else:  # the new copy complete but not yet in place; `state` still holds the epoch before
+        os.replace(run / "state", run / ".state.new")
+        (run / "state").mkdir()
+        (run / "state" / "trainer_state.json").write_text("{}")
+    (run / ".state.tmp").mkdir()  # what a kill during a save leaves: incomplete, never used
+    resumed = train(arrow_config(tmp_path, epochs=3, resume=str(run)))
+    assert [h["epoch"] for h in resumed["history"]] == [0, 1, 2]
+    assert_same_weights(weights(run), weights(tmp_path / "straight"))
+    assert resumed["test"] == straight["test"]
+
+
+def test_loading_finds_the_newest_complete_checkpoint(tmp_path):
+    train(arrow_config(tmp_path, epochs=1))
+    best = tmp_path / "run" / "best"
+    os.replace(best, best.with_name(".best.old"))  # killed between the two renames of a save
+    model, config = load_checkpoint(best)
+    assert config["architecture"] == "vit_t4_pape"
+
+
+@pytest.mark.parametrize("field,value", [
+    ("lr", float("inf")), ("lr", 1e30), ("lr", float("nan")), ("clip_grad", float("nan")),
+    ("weight_decay", float("nan")), ("drop_path", float("nan")), ("mixup", float("nan")), ("hflip", float("nan")),
+    ("cutmix", float("inf")), ("min_lr", float("nan")), ("warmup_epochs", float("inf")), ("drop_path", 1.0),
+    ("crop_scale", (0.5, float("nan"))), ("color_jitter", -1.0), ("model_kwargs", 5),
+])
+def test_non_finite_and_out_of_range_settings_are_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=f"{field} \\(--{field.replace('_', '-')}\\)"):
+        TrainConfig(**{field: value})
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"num_parabolas": 0}, "num_parabolas=0 must be finite and positive"),
+    ({"num_parabolas": -1}, "num_parabolas=-1 must be finite and positive"),
+    ({"num_parabolas": "x"}, "num_parabolas='x' must be an integer"),
+    ({"position_scale": float("nan")}, "position_scale=nan must be finite and positive"),
+    (5, "position_encoding_kwargs of 'pape' must be a dict"),
+    ({"parabolas": 3}, "unknown argument\\(s\\) \\['parabolas'\\]"),
+])
+def test_bad_encoding_arguments_are_refused_by_name(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        timm.create_model("vit_t4_pape", position_encoding_kwargs=kwargs)
+
+
+def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    import pape_hub.training as training
+
+    build = training.build_model
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):  # the model's output turns NaN in the second epoch (4 steps per epoch)
+        model = build(*args, **kwargs)
+
+        def hook(module, inputs, output):
+            calls["n"] += module.training
+            return output * float("nan") if module.training and calls["n"] > 5 else output
+        model.register_forward_hook(hook)
+        return model
+
+    monkeypatch.setattr(training, "build_model", poisoned)
+    with pytest.raises(FloatingPointError, match="training loss is nan at epoch 2, step 2.*last good checkpoint"):
+        train(arrow_config(tmp_path, epochs=3))
+    config = json.loads((tmp_path / "run" / "last" / "config.json").read_text())
+    assert config["pape_hub"]["epoch"] == 0
+    assert all(torch.isfinite(t).all() for t in load_file(str(tmp_path / "run" / "last" / "model.safetensors"))
+               .values())
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
+def test_sixteen_bit_images_are_scaled_not_saturated(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from pape_hub.data import build_data
+
+    for split in ("train", "test"):
+        for c in ("a", "b"):
+            (tmp_path / split / c).mkdir(parents=True)
+            for i in range(4):
+                ramp = np.linspace(0, 65535, 16 * 16).reshape(16, 16).astype(np.uint16)
+                Image.fromarray(ramp).save(tmp_path / split / c / f"{i}.png")
+    assert Image.open(tmp_path / "train" / "a" / "0.png").mode == "I;16"
+    data = build_data(f"imagefolder:{tmp_path}", img_size=16, val_fraction=0.25)
+    image = np.asarray(data.train.dataset.with_transform(None)[0][0] if hasattr(data.train, "dataset")
+                       else data.train.with_transform(None)[0][0])
+    assert image.min() == 0 and image.max() == 255 and (image == 255).mean() < 0.02  # not 99.6% white
+    assert abs(image.mean() - 127.5) < 2
+
+
+def test_sape2_keeps_a_nan_in_its_own_sample_like_every_encoding(tmp_path):
+    torch.manual_seed(0)
+    model = timm.create_model("vit_t4_sape2", embed_dim=32, depth=2, num_heads=2, num_classes=3).eval()
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        clean = model(x)
+        x[1, 0, 5, 5] = float("nan")
+        dirty = model(x)
+    assert torch.isnan(dirty[1]).all() and torch.allclose(dirty[[0, 2]], clean[[0, 2]], atol=1e-6)
+
+
+def test_a_config_json_that_is_not_an_object_is_named(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text("[]")
+    with pytest.raises(ValueError, match="config.json must hold a JSON object of model settings, got a JSON list"):
+        load_checkpoint(folder)

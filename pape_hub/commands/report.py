@@ -3,12 +3,13 @@ r"""``pape-hub report``: regenerate the README's results blocks from the JSON fi
 Every table of measured numbers in the README sits between ``<!-- generated: NAME -->`` and
 ``<!-- end generated: NAME -->`` and is written here from a results file, with the command, commit and wall time
 that produced it. ``--check`` changes nothing and fails (exit 1) when a block differs from what the files give, or
-when a results file records a code fingerprint other than the current code's (the code that computes those
-numbers changed since they were measured: re-run the command the file names).
+when the current code behaves differently from the code that measured a results file (its recorded behaviour
+probes, :mod:`pape_hub.provenance`, no longer match: re-run the command the file names). A pure refactor keeps
+every result current.
 
 Examples:
     pape-hub report            # rewrite README.md's generated blocks
-    pape-hub report --check    # what CI runs (through the test suite)
+    pape-hub report --check    # the release gate: README current and every result measured by today's behaviour
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def provenance_line(data: dict[str, Any]) -> str:
     prov = data.get("provenance", {})
     wall = data.get("wall_s")
     return (f"Written by `{prov.get('command', '?')}` at commit `{prov.get('commit', '?')}` "
-            f"(code fingerprint `{prov.get('code_fingerprint', '?')}`, {prov.get('machine', '?')}, "
+            f"(behaviour fingerprint `{prov.get('behaviour_fingerprint', '?')}`, {prov.get('machine', '?')}, "
             f"torch {prov.get('torch', '?')}){f', wall time {wall // 60} min {wall % 60} s' if wall else ''}.")
 
 
@@ -145,21 +146,21 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
 
 
 def stale_results(results: Path) -> list[str]:
-    """Results files whose code fingerprint is not the current code's (or that record none)."""
-    from ..provenance import code_fingerprint
+    """Results files whose recorded behaviour differs from the current code's (or that record none)."""
+    from ..provenance import behaviour, behaviour_differences, decode_behaviour
 
     problems = []
     for path in sorted(results.rglob("*.json")):
         data = json.loads(path.read_text())
         prov = data.get("provenance") if isinstance(data, dict) else None
-        if not prov:
-            problems.append(f"{path.relative_to(results.parent)} records no provenance (which code wrote it?)")
+        name = path.relative_to(results.parent)
+        if not prov or "behaviour" not in prov:
+            problems.append(f"{name} records no behaviour fingerprint (which code wrote it?)")
             continue
-        current = code_fingerprint(prov["kind"])
-        if prov.get("code_fingerprint") != current:
-            problems.append(f"{path.relative_to(results.parent)} was measured with code "
-                            f"{prov.get('code_fingerprint')} (commit {prov.get('commit')}), the code is now {current}: "
-                            f"re-run `{prov.get('command')}`")
+        differences = behaviour_differences(decode_behaviour(prov["behaviour"]), behaviour(prov["kind"]))
+        if differences:
+            problems.append(f"{name} was measured by code that behaved differently (commit {prov.get('commit')}; "
+                            f"{'; '.join(differences[:3])}): re-run `{prov.get('command')}`")
     return problems
 
 
@@ -173,9 +174,10 @@ def render(readme: str, results: Path) -> str:
     return _BLOCK.sub(replace, readme)
 
 
-def check(readme_path: Path, results: Path) -> list[str]:
-    """Everything stale: results measured with other code, README blocks that differ from the results."""
-    problems = stale_results(results)
+def check(readme_path: Path, results: Path, behaviour: bool = True) -> list[str]:
+    """Everything stale: README blocks that differ from the results and (``behaviour``) results measured by code
+    that behaved differently."""
+    problems = stale_results(results) if behaviour else []
     readme = readme_path.read_text()
     fresh = render(readme, results)
     for (old, new) in zip(_BLOCK.finditer(readme), _BLOCK.finditer(fresh)):

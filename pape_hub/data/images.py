@@ -44,12 +44,35 @@ class TransformedDataset(Dataset):
         image, label = self.get(index)
         if not isinstance(image, Image.Image):
             image = Image.fromarray(np.asarray(image))
-        image = image.convert(IMAGE_MODES[self.channels])
+        image = to_8bit(image).convert(IMAGE_MODES[self.channels])
         return (self.transform(image) if self.transform else image), int(label)
 
     def with_transform(self, transform: Callable | None, channels: int | None = None) -> TransformedDataset:
         return TransformedDataset(self.length, self.get, self.classes, transform, self.labels,
                                   self.channels if channels is None else channels)
+
+
+#: Pillow's modes of more than 8 bits per sample, with the largest value each can hold
+WIDE_MODES = {"I;16": 65535, "I;16L": 65535, "I;16B": 65535, "I;16N": 65535, "I": 65535}
+
+
+def to_8bit(image: Image.Image) -> Image.Image:
+    """16-bit (and 32-bit integer) grey images scaled to 8 bits. Pillow's ``convert("L")`` / ``"RGB"`` clips them
+    instead (a 16-bit PNG becomes almost all white). 32-bit "I" images are read as 16-bit data, what PNG and TIFF
+    loaders give for 16-bit files; 8-bit and float images are left to ``convert``."""
+    top = WIDE_MODES.get(image.mode)
+    if top is None:
+        return image
+    values = np.asarray(image, dtype=np.float64)
+    return Image.fromarray(np.clip(np.rint(values * (255.0 / top)), 0, 255).astype(np.uint8), mode="L")
+
+
+def open_image(path: str) -> Image.Image:
+    """An image file in its own mode (torchvision's loader converts to RGB first, which clips 16-bit images)."""
+    with open(path, "rb") as fh:
+        image = Image.open(fh)
+        image.load()
+    return image
 
 
 def channel_statistics(dataset: Dataset, max_samples: int = 2048, seed: int = 0) -> tuple[list[float], list[float]]:
@@ -113,7 +136,7 @@ def load_imagefolder(root: str | Path) -> tuple[TransformedDataset, TransformedD
 
     def wrap(folder: Path) -> TransformedDataset:
         try:
-            tv = ImageFolder(str(folder))
+            tv = ImageFolder(str(folder), loader=open_image)
         except (FileNotFoundError, RuntimeError) as err:
             raise FileNotFoundError(f"no class folders with images under {folder}: {err}") from err
         return TransformedDataset(len(tv), lambda i: (tv.loader(tv.samples[i][0]), tv.samples[i][1]), tv.classes,

@@ -4,11 +4,12 @@ from .absolute import LearnedAbsolute, NoPosition, SinCos
 from .alibi import ALiBi, LookHere
 from .liere import LieRE
 from .pape import PaPE, PaPERI
-from .registry import create_encoding, encoding_class, list_encodings, register_encoding
+from .registry import check_encoding_kwargs, create_encoding, encoding_class, list_encodings, register_encoding
 from .rotary import AxialRoPE, PolarRoPE, RoPEMixed
 from .sape2 import SaPE2
 
 __all__ = [
     "ALiBi", "AxialRoPE", "LearnedAbsolute", "LieRE", "LookHere", "NoPosition", "PaPE", "PaPERI", "PolarRoPE",
-    "RoPEMixed", "SaPE2", "SinCos", "create_encoding", "encoding_class", "list_encodings", "register_encoding",
+    "RoPEMixed", "SaPE2", "SinCos", "check_encoding_kwargs", "create_encoding", "encoding_class", "list_encodings",
+    "register_encoding",
 ]

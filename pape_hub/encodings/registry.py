@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import math
+import types
+import typing
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .base import EncodingContext, PositionEncoding
@@ -40,13 +43,63 @@ def create_encoding(name: str, ctx: EncodingContext, **kwargs: Any) -> PositionE
     """Build encoding ``name`` for a model described by ``ctx``; kwargs override the registered defaults."""
     cls, defaults = encoding_class(name)
     cls.check_ndim(name, ctx)
+    check_encoding_kwargs(name, kwargs)
+    enc = cls(ctx, **{**defaults, **kwargs})
+    enc.name = name  # variants share a class; the instance carries the registered name
+    return enc
+
+
+def check_encoding_kwargs(name: str, kwargs: Any) -> None:
+    """Refuse, naming the argument, what the encoding's constructor cannot take: unknown names, values of another
+    type than its annotation, and numbers that are not finite and positive (every numeric setting of every
+    encoding here is a size, a scale or a rate)."""
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(f"position_encoding_kwargs of {name!r} must be a dict of argument names to values, "
+                        f"got {type(kwargs).__name__} {kwargs!r}")
+    cls, _ = encoding_class(name)
     params = inspect.signature(cls.__init__).parameters
     accepted = [p for p in params if p not in ("self", "ctx")]
     unknown = sorted(set(kwargs) - set(accepted))
     if unknown:
-        raise TypeError(
-            f"position encoding {name!r} got unknown argument(s) {unknown}; it accepts {accepted or 'none'}"
-        )
-    enc = cls(ctx, **{**defaults, **kwargs})
-    enc.name = name  # variants share a class; the instance carries the registered name
-    return enc
+        raise TypeError(f"position encoding {name!r} got unknown argument(s) {unknown}; "
+                        f"it accepts {accepted or 'none'}")
+    hints = typing.get_type_hints(cls.__init__)
+    for key, value in kwargs.items():
+        problem = _value_problem(value, hints.get(key, Any))
+        if problem:
+            raise ValueError(f"position encoding {name!r} argument {key}={value!r} {problem}")
+
+
+def _value_problem(value: Any, hint: Any) -> str | None:
+    """Why ``value`` does not fit the annotation ``hint`` (None if it does)."""
+    if hint is Any:
+        return None
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+        else (hint,)
+    if value is None:
+        return None if type(None) in options else "must not be None"
+    problems = []
+    for option in options:
+        if option is type(None):
+            continue
+        origin = typing.get_origin(option) or option
+        if origin is tuple:
+            if isinstance(value, (tuple, list)):
+                inner = typing.get_args(option)
+                if len(inner) == 2 and inner[1] is Ellipsis:
+                    inner = (inner[0],) * len(value)
+                if len(inner) != len(value):
+                    return f"must have {len(inner)} entries"
+                return next(filter(None, (_value_problem(v, t) for v, t in zip(value, inner))), None)
+        elif origin in (int, float):
+            if isinstance(value, bool) or not isinstance(value, int if origin is int else (int, float)):
+                problems.append(f"must be {'an integer' if origin is int else 'a number'}")
+                continue
+            if not math.isfinite(value) or value <= 0:
+                return "must be finite and positive"
+            return None
+        elif isinstance(value, origin):
+            return None
+        else:
+            problems.append(f"must be {origin.__name__}")
+    return problems[0] if problems else f"does not fit {hint}"

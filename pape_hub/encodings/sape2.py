@@ -45,11 +45,22 @@ def contextual_position_logits(
     gates = torch.sigmoid((q @ k.transpose(-1, -2)) * scale)  # (..., L_i, L_j)
     pos = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=emb.shape[-1] - 1)  # p_im = sum_{j >= m} g_ij
     logits = (k if key_mode else q) @ emb  # (..., L, npos): z_i[p] at integer p
-    floor = pos.floor()
+    # indices from a NaN-free copy: a NaN input then stays NaN in its own sample (through frac), as it does in every
+    # other encoding, instead of becoming an out-of-range index that fails the whole batch
+    index = pos.detach().nan_to_num(0.0)
+    floor = index.floor()
     frac = pos - floor
     lower = logits.gather(-1, floor.long())
-    upper = logits.gather(-1, pos.ceil().long())
+    upper = logits.gather(-1, index.ceil().long())
     return upper * frac + lower * (1 - frac)
+
+
+def pairwise_l2(x: torch.Tensor) -> torch.Tensor:
+    """(..., N, L) -> (..., N, N) Euclidean distances; in float32 for 16-bit inputs on CPU, where ``cdist`` has no
+    half-precision kernel."""
+    if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
+        return torch.cdist(x.float(), x.float()).to(x.dtype)
+    return torch.cdist(x, x)
 
 
 @register_encoding("sape2_ape", with_ape=True)
@@ -99,6 +110,6 @@ class SaPE2(PositionEncoding):
             along = contextual_position_logits(q_grid.movedim(axis, last), k_grid.movedim(axis, last),
                                                emb[coord_axis], scale, self.key_mode)  # (B, H, *others, L, L)
             sape = along.movedim(-2, axis).flatten(2, 1 + nd)  # (B, H, N, L): query order restored
-            distance = torch.cdist(sape, sape)  # (B, H, N, N)
+            distance = pairwise_l2(sape)  # (B, H, N, N)
             bias = distance if bias is None else bias + distance
         return pad_prefix_bias(bias * scale, p)  # eq. 16 divides the bias by sqrt(d) too

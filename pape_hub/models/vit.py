@@ -19,7 +19,7 @@ from timm.models._manipulate import checkpoint
 from torch import nn
 
 from ..encodings.base import EncodingContext, PositionEncoding, TokenPositions, grid_positions
-from ..encodings.catalog import create_encoding
+from ..encodings.catalog import check_encoding_kwargs, create_encoding
 from ..layers.attention import PositionalBlock
 
 __all__ = ["VisionTransformer"]
@@ -92,9 +92,9 @@ class VisionTransformer(nn.Module):
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         ctx = EncodingContext(embed_dim, num_heads, depth, tuple(self.patch_embed.grid_size), self.num_prefix_tokens)
-        self.pos_encoding: PositionEncoding = create_encoding(
-            position_encoding, ctx, **(position_encoding_kwargs or {})
-        )
+        encoding_kwargs = {} if position_encoding_kwargs is None else position_encoding_kwargs
+        check_encoding_kwargs(position_encoding, encoding_kwargs)  # a non-dict is refused by name, not by **
+        self.pos_encoding: PositionEncoding = create_encoding(position_encoding, ctx, **encoding_kwargs)
         self.pos_drop = nn.Dropout(pos_drop_rate)
 
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # stochastic depth decay rule
