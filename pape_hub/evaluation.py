@@ -141,13 +141,11 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
         for interp in modes:
             if interp and size == trained_size and False in modes:
                 continue  # at the training size interpolation scales positions by 1: the same numbers again
-            model.position_interpolation = interp
-            metrics = evaluate_loader(model, loader)
+            metrics = evaluate_loader(model, loader, position_interpolation=interp)
             rows.append(dict(size=size, interpolation=interp, **metrics))
         if patch_shuffle and (size == trained_size or patch_shuffle == "all"):
-            model.position_interpolation = False
             rows.append(dict(size=size, interpolation=False, patch_shuffle=True,
-                             **evaluate_loader(model, ShuffledLoader(loader, tile))))
+                             **evaluate_loader(model, ShuffledLoader(loader, tile), position_interpolation=False)))
     units = {"arrows": "arrow grid (cells per side)", "motion": "clip (frames x cells per side)"}
     return dict(checkpoint=str(checkpoint), architecture=config["architecture"],
                 encoding=config.get("position_encoding"), dataset=dataset,

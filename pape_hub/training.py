@@ -188,13 +188,17 @@ def lr_lambda(step: int, warmup: int, total: int, floor: float) -> float:
 
 
 @torch.no_grad()
-def evaluate_loader(model: torch.nn.Module, loader: Any, accelerator: Accelerator | None = None
-                    ) -> dict[str, float]:
-    """Top-1, top-5 and cross-entropy over a loader (gathered across processes)."""
+def evaluate_loader(model: torch.nn.Module, loader: Any, accelerator: Accelerator | None = None,
+                    position_interpolation: bool | None = None) -> dict[str, float]:
+    """Top-1, top-5 and cross-entropy over a loader (gathered across processes); ``position_interpolation``
+    overrides the model's setting for these calls."""
     model.eval()
     correct1 = correct5 = loss_sum = count = 0.0
     for images, labels in loader:
-        logits = model(images).float()
+        if position_interpolation is None:
+            logits = model(images).float()
+        else:  # a pape_hub model (not wrapped): the setting passed down for this call
+            logits = model.forward_head(model.forward_features(images, position_interpolation)).float()
         if accelerator is not None:
             logits, labels = accelerator.gather_for_metrics((logits, labels))
         loss_sum += torch.nn.functional.cross_entropy(logits, labels, reduction="sum").item()
@@ -450,11 +454,16 @@ def build_run(cfg: TrainConfig, accelerator: Accelerator) -> Run:
 
     model = build_model(cfg, num_classes, img_size, num_frames)
     optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
+    model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
+    # the schedule counts optimizer steps of one process (its shard of the data); accelerate steps a prepared
+    # scheduler once per process at each optimizer step, hence the division: N processes at batch B follow the
+    # schedule of one process at batch N x B
     steps_per_epoch = math.ceil(len(train_loader) / cfg.grad_accum)
     total_steps = cfg.epochs * steps_per_epoch
     warmup = max(1, round(cfg.warmup_epochs * steps_per_epoch))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_lambda(s, warmup, total_steps, cfg.min_lr / cfg.lr))
+    processes = accelerator.num_processes
+    scheduler = accelerator.prepare(torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_lambda(s // processes, warmup, total_steps, cfg.min_lr / cfg.lr)))
     aug = cfg.augmentation()
     mixup = None
     if data.is_images and (aug["mixup"] > 0 or aug["cutmix"] > 0):
@@ -463,8 +472,6 @@ def build_run(cfg: TrainConfig, accelerator: Accelerator) -> Run:
         criterion: torch.nn.Module = SoftTargetCrossEntropy()
     else:
         criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
-    model, optimizer, train_loader, val_loader, scheduler = accelerator.prepare(
-        model, optimizer, train_loader, val_loader, scheduler)
     if test_loader is not None:
         test_loader = accelerator.prepare(test_loader)
     data_config = dict(input_size=(channels, img_size, img_size), mean=mean, std=std)
@@ -601,7 +608,7 @@ def finish(cfg: TrainConfig, accelerator: Accelerator, run: Run, best: dict[str,
             if not cfg.quiet:
                 print(f"pushed {out / 'best'} to {results['hub_url']}")
     accelerator.end_training()
-    return results
+    return dict(results, is_main_process=main)  # under `accelerate launch`, only the main process reports
 
 
 def recipe_summary(cfg: TrainConfig) -> dict[str, Any]:

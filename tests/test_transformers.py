@@ -15,6 +15,7 @@ from test_data import make_imagefolder
 from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForImageClassification
 
 import pape_hub  # noqa: F401 - registers the Auto classes
+from pape_hub.checkpoint import save_checkpoint
 from pape_hub.hf import (
     PapeViTConfig,
     PapeViTForImageClassification,
@@ -168,7 +169,35 @@ def test_image_processor_registered_and_saved(tmp_path):
     loaded = AutoImageProcessor.from_pretrained(tmp_path)
     assert isinstance(loaded, PapeViTImageProcessor) and loaded.size["height"] == 32
     saved = json.loads((tmp_path / "preprocessor_config.json").read_text())
-    assert saved["auto_map"]["AutoImageProcessor"] == "image_processing_pape_vit.PapeViTImageProcessor"
+    # the remote-code pointer lives in config.json only: one in the processor config makes transformers' video
+    # fallback ask "run custom code? [y/N]" in image pipelines
+    assert "auto_map" not in saved
+    model_config = json.loads((tmp_path / "config.json").read_text())
+    assert model_config["auto_map"]["AutoImageProcessor"] == "image_processing_pape_vit.PapeViTImageProcessor"
+
+
+def test_pipelines_never_prompt_for_custom_code(tmp_path, monkeypatch):
+    """With pape_hub imported, a checkpoint folder runs in transformers' pipelines without a question."""
+    import builtins
+
+    from transformers import pipeline
+
+    def no_prompt(*args):
+        raise AssertionError(f"transformers asked: {args}")
+
+    monkeypatch.setattr(builtins, "input", no_prompt)
+    torch.manual_seed(0)
+    image = timm.create_model("vit_t4_pape", embed_dim=32, depth=2, num_heads=2, num_classes=3).eval()
+    save_checkpoint(image, tmp_path / "image", label_names=["a", "b", "c"])
+    from PIL import Image
+
+    top = pipeline("image-classification", model=str(tmp_path / "image"))(Image.new("RGB", (32, 32)))[0]
+    assert top["label"] in ("a", "b", "c")
+    video = timm.create_model("vivit_t16_rope", embed_dim=32, depth=2, num_heads=2, num_classes=3, img_size=32,
+                              num_frames=4).eval()
+    save_checkpoint(video, tmp_path / "video", label_names=["a", "b", "c"])
+    assert type(pipeline("video-classification", model=str(tmp_path / "video")).video_processor).__name__ == \
+        "PapeViViTVideoProcessor"
 
 
 def test_loads_without_pape_hub_via_remote_code(tmp_path):

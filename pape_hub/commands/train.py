@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     results = train(config_from_args(args))
-    if not args.quiet:
+    if not args.quiet and results["is_main_process"]:
         test = results.get("test")
         print(f"best val top-1 {results['best_val_top1']:.4f} (epoch {results['best_epoch'] + 1})"
               + (f", test top-1 {test['top1']:.4f}" if test else "") + f"; outputs in {results['output_dir']}")

@@ -55,8 +55,12 @@ class LearnedAbsolute(PositionEncoding):
         num_patches = 1
         for n in ctx.grid_size:
             num_patches *= n
+        self.init_std = init_std
         self.pos_embed = nn.Parameter(torch.zeros(1, ctx.num_prefix_tokens + num_patches, ctx.dim))
-        trunc_normal_(self.pos_embed, std=init_std)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        trunc_normal_(self.pos_embed, std=self.init_std)
 
     def add_to_tokens(self, x: torch.Tensor, pos: TokenPositions) -> torch.Tensor:
         grid = self.require_grid(pos, "ape")

@@ -59,7 +59,13 @@ class ALiBi(PositionEncoding):
         super().__init__(ctx)
         if not slope_scale > 0:
             raise ValueError(f"alibi slope_scale must be positive, got {slope_scale}")
-        self.register_buffer("slopes", alibi_slopes(ctx.num_heads) * slope_scale)
+        self.slope_scale = slope_scale
+        self.register_buffer("slopes", torch.empty(ctx.num_heads))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        self.slopes.copy_(alibi_slopes(self.ctx.num_heads) * self.slope_scale)
 
     def bias(self, coords: torch.Tensor) -> torch.Tensor:
         """(N, p) -> (heads, N, N) for the patch tokens."""
@@ -158,10 +164,17 @@ class LookHere(PositionEncoding):
         layer_slopes: tuple[float, float] = (1.5, 0.5),
     ) -> None:
         super().__init__(ctx)
-        heads = assign_head_views(head_directions, ctx.num_heads)
-        self.views = [view for view, _ in heads]
-        self.register_buffer("head_slopes", global_slope * torch.tensor([head_slope(v, i) for v, i in heads]))
-        self.register_buffer("layer_slopes", torch.linspace(*layer_slopes, ctx.depth))
+        self.heads = assign_head_views(head_directions, ctx.num_heads)
+        self.views = [view for view, _ in self.heads]
+        self.global_slope, self.layer_slope_range = global_slope, tuple(layer_slopes)
+        self.register_buffer("head_slopes", torch.empty(ctx.num_heads))
+        self.register_buffer("layer_slopes", torch.empty(ctx.depth))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        self.head_slopes.copy_(self.global_slope * torch.tensor([head_slope(v, i) for v, i in self.heads]))
+        self.layer_slopes.copy_(torch.linspace(*self.layer_slope_range, self.ctx.depth))
 
     def base_bias(self, coords: torch.Tensor) -> torch.Tensor:
         """(N, 2) -> (heads, N, N): -global * head slope * distance, -inf outside each head's view."""

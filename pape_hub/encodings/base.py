@@ -185,6 +185,11 @@ class PositionEncoding(nn.Module):
             if isinstance(child, PositionEncoding):
                 child.set_grid_size(grid_size, old_grid_size)
 
+    def reset_parameters(self) -> None:
+        """(Re)initialise this encoding's own parameters and buffers (child encodings reset their own): what the
+        constructor does, and what ``init_weights()`` runs after a model was built on the meta device and moved
+        with ``to_empty``. Encodings with parameters or buffers override it and call it from their constructor."""
+
     # --- helpers for subclasses ------------------------------------------------------------------
     def no_weight_decay(self) -> set[str]:
         """Names (relative to this module) of parameters to exclude from weight decay."""

@@ -55,9 +55,17 @@ class LieRE(PositionEncoding):
         self.num_blocks = hd // b
         # (depth, heads, blocks, p, b, b) raw parameters; only the strict upper triangle is used
         shape = (ctx.depth, ctx.num_heads, self.num_blocks, ctx.ndim, b, b)
-        self.generators = nn.Parameter(torch.rand(shape) * init_scale)
-        grid = torch.tensor(list(reversed(ctx.grid_size)), dtype=torch.float32)  # coordinate axis order
-        self.register_buffer("position_scale", 1.0 / (grid - 1).clamp(min=1))
+        self.init_scale = init_scale
+        self.generators = nn.Parameter(torch.empty(shape))
+        self.register_buffer("position_scale", torch.empty(ctx.ndim))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Generators ~ U(0, init_scale) (the reference's init); positions scaled by the training grid's extent."""
+        self.generators.copy_(torch.rand(self.generators.shape) * self.init_scale)
+        grid = torch.tensor(list(reversed(self.ctx.grid_size)), dtype=torch.float32)  # coordinate axis order
+        self.position_scale.copy_(1.0 / (grid - 1).clamp(min=1))
 
     def rotations(self, coords: torch.Tensor, layer: int | None = None) -> torch.Tensor:
         """(T, p) token coordinates -> (depth, heads, T, blocks, b, b) rotations, or (heads, T, blocks, b, b)
@@ -81,17 +89,11 @@ class LieRE(PositionEncoding):
         """(token coordinates, all-layer rotations). While gradients flow into the generators the rotations are
         left to :meth:`transform_qk`, one layer at a time: the backward of one all-layer ``matrix_exp`` would hold
         every layer's intermediates at once (over 10 GB for dense LieRE at ViT-B/16)."""
-        if torch.is_grad_enabled() and self.generators.requires_grad:
+        if (torch.is_grad_enabled() and self.generators.requires_grad) or torch.compiler.is_compiling():
+            # compiled: no Python cache inside a graph (and no graph break, so fullgraph=True holds); each layer's
+            # matrix_exp is part of the graph and recomputed per call
             return self.token_coordinates(pos), None
-        if torch.compiler.is_compiling():
-            # a compiled graph would recompute every matrix_exp on each call; look the cache up eagerly instead
-            # (one graph break, inference only)
-            return self.token_coordinates(pos), self._cached_rotations_eagerly(pos)
         return self.token_coordinates(pos), self._cached_rotations(pos)
-
-    @torch.compiler.disable
-    def _cached_rotations_eagerly(self, pos: TokenPositions) -> torch.Tensor:
-        return self._cached_rotations(pos)
 
     def _cached_rotations(self, pos: TokenPositions) -> torch.Tensor:
         def build() -> torch.Tensor:

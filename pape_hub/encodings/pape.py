@@ -152,7 +152,11 @@ class PaPE(ParabolicEncoding):
         self.position_proj = nn.Parameter(torch.empty(ctx.depth, h, m, p))
         self.curvature_proj = nn.Parameter(torch.empty(ctx.depth, h * m, d))
         self.tilt_proj = nn.Parameter(torch.empty(ctx.depth, h * m, d))
-        # nn.Linear's default init, per layer: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """nn.Linear's default init, per layer: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+        p, d = self.ctx.ndim, self.ctx.dim
         nn.init.uniform_(self.position_proj, -1 / math.sqrt(p), 1 / math.sqrt(p))
         nn.init.uniform_(self.curvature_proj, -1 / math.sqrt(d), 1 / math.sqrt(d))
         nn.init.uniform_(self.tilt_proj, -1 / math.sqrt(d), 1 / math.sqrt(d))
@@ -235,9 +239,13 @@ class PaPERI(ParabolicEncoding):
         super().__init__(ctx, position_scale)
         d, h = ctx.dim, ctx.num_heads
         self.curvature_proj = nn.Parameter(torch.empty(ctx.depth, h, d))
+        self.register_buffer("isotropic_scale", torch.empty(ctx.depth, h))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        d, bound = self.ctx.dim, math.sqrt(1 / self.ctx.ndim)
         nn.init.uniform_(self.curvature_proj, -1 / math.sqrt(d), 1 / math.sqrt(d))
-        bound = math.sqrt(1 / ctx.ndim)
-        self.register_buffer("isotropic_scale", torch.empty(ctx.depth, h).uniform_(-bound, bound))
+        nn.init.uniform_(self.isotropic_scale, -bound, bound)
 
     @staticmethod
     def num_channels(p: int) -> int:

@@ -92,7 +92,12 @@ class AxialRoPE(RotaryEncoding):
     def __init__(self, ctx: EncodingContext, theta: float = 100.0) -> None:
         super().__init__(ctx)
         self.theta = theta
-        self.register_buffer("freqs", axial_frequencies(ctx.head_dim, ctx.ndim, theta))
+        self.register_buffer("freqs", torch.empty(ctx.head_dim // (2 * ctx.ndim)))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        self.freqs.copy_(axial_frequencies(self.ctx.head_dim, self.ctx.ndim, self.theta))
 
     def phases(self, pos: TokenPositions) -> torch.Tensor:
         ang = (pos.coords[:, :, None] * self.freqs.to(pos.coords.dtype)).flatten(1)  # (N, p * F): x freqs, then y, (t)
@@ -133,11 +138,16 @@ class RoPEMixed(RotaryEncoding):
     def __init__(self, ctx: EncodingContext, theta: float = 10.0) -> None:
         super().__init__(ctx)
         self.theta = theta
-        p = ctx.ndim
-        mag = axial_frequencies(ctx.head_dim, p, theta)  # (hd / 2p,)
+        self.freqs = nn.Parameter(torch.empty(ctx.depth, ctx.num_heads, ctx.ndim, ctx.head_dim // 2))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        ctx, p = self.ctx, self.ctx.ndim
+        mag = axial_frequencies(ctx.head_dim, p, self.theta)  # (hd / 2p,)
         directions = random_orthonormal_directions(ctx.depth, ctx.num_heads, p)  # (depth, heads, axis, group)
         freqs = (directions[..., None] * mag).flatten(-2)  # (depth, heads, p, p * hd/2p): group g's pairs along g
-        self.freqs = nn.Parameter(nn.functional.pad(freqs, (0, ctx.head_dim // 2 - freqs.shape[-1])))
+        self.freqs.copy_(nn.functional.pad(freqs, (0, ctx.head_dim // 2 - freqs.shape[-1])))
 
     def phases(self, pos: TokenPositions) -> torch.Tensor:
         dtype = compute_dtype(pos.coords)
@@ -173,15 +183,22 @@ class PolarRoPE(RotaryEncoding):
         if per_group == 0:
             raise ValueError(f"polar_rope needs a head dim of at least {2 * groups} for {ctx.ndim}-D, got "
                              f"{ctx.head_dim}")
-        omega = 1.0 / base ** (torch.arange(per_group, dtype=torch.float32) / per_group)  # (K,)
-        self.register_buffer("omega", omega)
+        self.base = base
+        self.register_buffer("omega", torch.empty(per_group))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        per_group = self.omega.shape[0]
+        self.omega.copy_(1.0 / self.base ** (torch.arange(per_group, dtype=torch.float32) / per_group))  # (K,)
 
     @staticmethod
     def polar(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, 2) -> radius and angle about the centre of the coordinates' bounding box."""
         centre = (coords.amin(0) + coords.amax(0)) / 2  # ((W-1)/2, (H-1)/2) on a full grid
         x, y = (coords - centre).unbind(-1)
-        return torch.hypot(x, y), torch.atan2(y, x)
+        # sqrt of the sum of squares, not torch.hypot: ONNX has no hypot, and grid coordinates cannot overflow
+        return (x * x + y * y).sqrt(), torch.atan2(y, x)
 
     def phases(self, pos: TokenPositions) -> torch.Tensor:
         coords = pos.coords.to(compute_dtype(pos.coords))

@@ -82,10 +82,14 @@ class SaPE2(PositionEncoding):
         self.num_positions = num_positions or max(ctx.grid_size) + 1
         # (depth, axis x/y(/t), head_dim, npos), shared by the heads of a layer as in the reference
         self.pos_emb = nn.Parameter(torch.zeros(ctx.depth, ctx.ndim, ctx.head_dim, self.num_positions))
-        trunc_normal_(self.pos_emb, std=0.02)
+        self.reset_parameters()
         self.absolute = LearnedAbsolute(ctx) if with_ape else None
         if with_ape:
             self.mechanisms = ("tokens", "bias")
+
+    def reset_parameters(self) -> None:
+        """The paper's init of the position-logit tables (its appendix): truncated normal, std 0.02."""
+        trunc_normal_(self.pos_emb, std=0.02)
 
     def add_to_tokens(self, x: torch.Tensor, pos: TokenPositions) -> torch.Tensor:
         return self.absolute.add_to_tokens(x, pos) if self.absolute is not None else x

@@ -15,7 +15,8 @@ from transformers import (
     AutoVideoProcessor,
 )
 
-from .configuration_pape_vit import PapeViTConfig
+from ..models.zoo import SOURCE_CONFIG_CHECKS
+from .configuration_pape_vit import PapeViTConfig, check_config_agreement
 from .configuration_pape_vivit import PapeViViTConfig
 from .convert import (
     image_processor_for,
@@ -29,6 +30,8 @@ from .modeling_pape_vit import PapeViTForImageClassification, PapeViTModel, Pape
 from .modeling_pape_vivit import PapeViViTForVideoClassification, PapeViViTModel, PapeViViTPreTrainedModel
 from .video_processing_pape_vivit import PapeViViTVideoProcessor
 
+if check_config_agreement not in SOURCE_CONFIG_CHECKS:  # timm's local-dir: / hf-hub: loads check both faces' fields
+    SOURCE_CONFIG_CHECKS.append(check_config_agreement)
 AutoConfig.register(PapeViTConfig.model_type, PapeViTConfig, exist_ok=True)
 AutoModel.register(PapeViTConfig, PapeViTModel, exist_ok=True)
 AutoModelForImageClassification.register(PapeViTConfig, PapeViTForImageClassification, exist_ok=True)

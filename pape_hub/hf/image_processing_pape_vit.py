@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 from transformers import ViTImageProcessor
-
-from .remote_code import record_auto_map
 
 
 class PapeViTImageProcessor(ViTImageProcessor):
-    """``ViTImageProcessor`` with the model's resolution and normalisation (bicubic, as timm)."""
+    """``ViTImageProcessor`` with the model's resolution and normalisation (bicubic, as timm).
+
+    Its saved config names no ``auto_map``: the model's ``config.json`` does (``AutoImageProcessor``), which is
+    where transformers looks without pape_hub. An ``auto_map`` here would make transformers' video-processor
+    fallback derive a remote ``PapeViTVideoProcessor`` for image pipelines and ask whether to run custom code
+    (a prompt that hangs a notebook), even with pape_hub imported."""
 
     model_input_names = ["pixel_values"]
-
-    def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> Any:
-        """Also record ``auto_map`` so the folder loads with ``trust_remote_code=True`` without pape_hub."""
-        out = super().save_pretrained(save_directory, *args, **kwargs)
-        record_auto_map(Path(save_directory) / "preprocessor_config.json",
-                        {"AutoImageProcessor": "image_processing_pape_vit.PapeViTImageProcessor"})
-        return out

@@ -13,13 +13,15 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 
-from ..models.vit import VisionTransformer
+from ..layers.attention import PositionalBlock
+from ..models.vit import VisionTransformer, init_module
 from .configuration_pape_vit import PapeViTConfig
 from .remote_code import write_remote_code
 
-__all__ = ["PapeViTForImageClassification", "PapeViTModel", "PapeViTPreTrainedModel"]
+__all__ = ["PapeViTForImageClassification", "PapeViTLayer", "PapeViTModel", "PapeViTPreTrainedModel"]
 
 AUTO_MAP = {
     "AutoConfig": "configuration_pape_vit.PapeViTConfig",
@@ -29,6 +31,11 @@ AUTO_MAP = {
     # the image processor in config.json, so it is named there too
     "AutoImageProcessor": "image_processing_pape_vit.PapeViTImageProcessor",
 }
+
+
+class PapeViTLayer(GradientCheckpointingLayer, PositionalBlock):
+    """The core's block under transformers' checkpointing convention: ``gradient_checkpointing_enable(
+    gradient_checkpointing_kwargs={"use_reentrant": False})`` reaches it. Same parameters as the core's block."""
 
 
 class PapeViTPreTrainedModel(PreTrainedModel):
@@ -43,12 +50,12 @@ class PapeViTPreTrainedModel(PreTrainedModel):
     input_modalities = ("image",)
     supports_gradient_checkpointing = True
     _supports_sdpa = True
-    _no_split_modules = ["PositionalBlock"]
+    _no_split_modules = ["PapeViTLayer", "PositionalBlock"]
 
     def _init_weights(self, module: nn.Module) -> None:
-        super()._init_weights(module)  # linear / conv / norm layers
-        if isinstance(module, VisionTransformer) and module.cls_token is not None:
-            nn.init.normal_(module.cls_token, std=1e-6)
+        """The core's own init (:func:`~pape_hub.models.vit.init_module`), so both faces initialise alike, also
+        every encoding's parameters and buffers when transformers fills weights a file lacks."""
+        init_module(module)
 
     def _adjust_missing_and_unexpected_keys(self, loading_info: Any) -> None:
         """transformers would fill weights the file lacks with a fresh init and only print a table; here a file that
@@ -65,7 +72,14 @@ class PapeViTPreTrainedModel(PreTrainedModel):
                 f"{' ...' if len(unexpected) > 6 else ''}. Is it a checkpoint of another encoding or size?")
 
     def _core(self, num_classes: int) -> VisionTransformer:
-        return self.core_class(**self.config.core_kwargs(num_classes))
+        """The shared core, initialised by its constructor exactly as the timm face is (so a seed gives both faces
+        the same tensors); marked initialised so that ``post_init`` does not draw a second init. Built on the meta
+        device (transformers' loading), nothing is marked and ``_init_weights`` initialises what a file lacks."""
+        core = self.core_class(**self.config.core_kwargs(num_classes), block_fn=PapeViTLayer)
+        if not any(t.is_meta for t in core.parameters()):
+            for module in core.modules():
+                module._is_hf_initialized = True
+        return core
 
     def _core_input(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """transformers' input layout -> the core model's (the same for images)."""
@@ -80,18 +94,10 @@ class PapeViTPreTrainedModel(PreTrainedModel):
         if output_attentions is None:
             output_attentions = self.config.output_attentions
         vit = self.vit
-        eager = self.config._attn_implementation == "eager"
-        for block in vit.blocks:
-            block.attn.fused_attn = not eager
-        saved = vit.position_interpolation
-        if interpolate_pos_encoding is not None:
-            vit.position_interpolation = interpolate_pos_encoding
-        try:
-            tokens, pos = vit.embed(self._core_input(pixel_values))
-            take = set(range(len(vit.blocks))) if output_hidden_states else None
-            last, hidden, attentions = vit.run_blocks(tokens, pos, take=take, output_attentions=output_attentions)
-        finally:
-            vit.position_interpolation = saved
+        tokens, pos = vit.embed(self._core_input(pixel_values), position_interpolation=interpolate_pos_encoding)
+        take = set(range(len(vit.blocks))) if output_hidden_states else None
+        last, hidden, attentions = vit.run_blocks(tokens, pos, take=take, output_attentions=output_attentions,
+                                                  fused=self.config._attn_implementation != "eager")
         return (vit.norm(last), (tokens, *hidden) if output_hidden_states else None,
                 tuple(attentions) if output_attentions else None)
 

@@ -10,12 +10,40 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath, LayerNorm, Mlp
+from timm.layers import DropPath, LayerNorm, Mlp, register_notrace_function
 from torch import nn
 
 from ..encodings.base import PositionEncoding
 
-__all__ = ["PositionalAttention", "PositionalBlock"]
+__all__ = ["PositionalAttention", "PositionalBlock", "encoding_attn_bias", "encoding_transform_qk"]
+
+
+# The encoding hooks run as opaque calls under torch.fx (timm's feature extraction): their positional arithmetic
+# depends on the grid and on per-encoding state, which symbolic tracing cannot follow. Everything else in the
+# block traces normally.
+@register_notrace_function
+def encoding_transform_qk(encoding: PositionEncoding, layer: int, qk: torch.Tensor, x: torch.Tensor,
+                          state: Any) -> torch.Tensor:
+    """The encoding's q/k transform: (2, B, H, T, hd) -> (2, B, H, T, hd') with hd' >= hd."""
+    return encoding.transform_qk(layer, qk, x, state)
+
+
+@register_notrace_function
+def encoding_attn_bias(encoding: PositionEncoding, layer: int, q: torch.Tensor, k: torch.Tensor,
+                       state: Any) -> torch.Tensor | None:
+    """The encoding's logit bias as SDPA takes it: 4-D (a 3-D float mask sends CPU SDPA to the math kernel, a 4-D
+    one to the flash kernel) and in q's dtype; None without a bias."""
+    bias = encoding.attn_bias(layer, q, k, state)  # None, (H, T, T) or (B, H, T, T)
+    if bias is None:
+        return None
+    return bias.to(q.dtype) if bias.ndim == 4 else bias.to(q.dtype).unsqueeze(0)
+
+
+@register_notrace_function
+def pad_to_width(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """v zero-padded on its last axis to ``like``'s width (queries and keys widened by the encoding)."""
+    width = like.shape[-1]
+    return F.pad(v, (0, width - v.shape[-1])) if width != v.shape[-1] else v
 
 
 class PositionalAttention(nn.Module):
@@ -55,26 +83,26 @@ class PositionalAttention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(
-        self, x: torch.Tensor, encoding: PositionEncoding, state: Any, output_attentions: bool = False
+        self, x: torch.Tensor, encoding: PositionEncoding, state: Any, output_attentions: bool = False,
+        fused: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: (B, T, D) normed tokens. Returns (B, T, D) and, if asked, the (B, H, T, T) probabilities."""
+        """x: (B, T, D) normed tokens. Returns (B, T, D) and, if asked, the (B, H, T, T) probabilities. The fused
+        kernel runs unless ``fused=False`` (this call), ``fused_attn=False`` (timm's module switch) or the
+        probabilities are asked for."""
         B, T, D = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
         qk, v = qkv[:2], qkv[2]
         if not isinstance(self.q_norm, nn.Identity):
             qk = torch.stack([self.q_norm(qk[0]), self.k_norm(qk[1])])
-        qk = encoding.transform_qk(self.layer_idx, qk, x, state)  # (2, B, H, T, hd), or wider (PaPE)
+        if "qk" in encoding.mechanisms:
+            qk = encoding_transform_qk(encoding, self.layer_idx, qk, x, state)  # (2, B, H, T, hd), or wider (PaPE)
         q, k = qk.unbind(0)
-        bias = encoding.attn_bias(self.layer_idx, q, k, state)  # None, (H, T, T) or (B, H, T, T)
-        if bias is not None:
-            # 4-D: a 3-D float mask sends CPU SDPA to the math kernel, a 4-D one to the flash kernel
-            bias = bias.to(q.dtype) if bias.ndim == 4 else bias.to(q.dtype).unsqueeze(0)
+        bias = encoding_attn_bias(encoding, self.layer_idx, q, k, state) if "bias" in encoding.mechanisms else None
 
-        if self.fused_attn and not output_attentions:
-            width = q.shape[-1]
-            v_in = F.pad(v, (0, width - self.head_dim)) if width != self.head_dim else v
+        if fused and self.fused_attn and not output_attentions:
             out = F.scaled_dot_product_attention(
-                q, k, v_in, attn_mask=bias, dropout_p=self.attn_drop.p if self.training else 0.0, scale=self.scale
+                q, k, pad_to_width(v, q), attn_mask=bias, dropout_p=self.attn_drop.p if self.training else 0.0,
+                scale=self.scale,
             )[..., : self.head_dim]
             probs = None
         else:
@@ -116,9 +144,10 @@ class PositionalBlock(nn.Module):
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(
-        self, x: torch.Tensor, encoding: PositionEncoding, state: Any, output_attentions: bool = False
+        self, x: torch.Tensor, encoding: PositionEncoding, state: Any, output_attentions: bool = False,
+        fused: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        attn_out, probs = self.attn(self.norm1(x), encoding, state, output_attentions)
+        attn_out, probs = self.attn(self.norm1(x), encoding, state, output_attentions, fused)
         x = x + self.drop_path1(attn_out)
         x = x + self.drop_path2(self.mlp(self.norm2(x)))
         return x, probs

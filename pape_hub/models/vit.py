@@ -9,20 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
-from timm.layers import LayerNorm, PatchEmbed, trunc_normal_
-from timm.layers.pool1d import global_pool_nlc
-from timm.models._features import feature_take_indices
-from timm.models._manipulate import checkpoint
+from timm.layers import LayerNorm, PatchEmbed, global_pool_nlc, register_notrace_function, trunc_normal_
+from timm.models import checkpoint
 from torch import nn
 
 from ..encodings.base import EncodingContext, PositionEncoding, TokenPositions, grid_positions
 from ..encodings.catalog import check_encoding_kwargs, create_encoding
 from ..layers.attention import PositionalBlock
 
-__all__ = ["VisionTransformer"]
+__all__ = ["VisionTransformer", "init_module"]
 
 _POOL_TYPES = ("", "token", "avg", "max", "avgmax")
 
@@ -64,6 +62,7 @@ class VisionTransformer(nn.Module):
         act_layer: type[nn.Module] = nn.GELU,
         norm_layer: type[nn.Module] | None = None,
         embed_layer: Callable[..., nn.Module] = PatchEmbed,
+        block_fn: type[PositionalBlock] = PositionalBlock,
     ) -> None:
         super().__init__()
         if global_pool not in _POOL_TYPES:
@@ -77,6 +76,7 @@ class VisionTransformer(nn.Module):
                              "must be whole patches")
         norm_layer = norm_layer or partial(LayerNorm, eps=1e-6)
         self.num_classes = num_classes
+        self.in_chans = in_chans
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = 1 if class_token else 0
@@ -99,7 +99,7 @@ class VisionTransformer(nn.Module):
 
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # stochastic depth decay rule
         self.blocks = nn.ModuleList(
-            PositionalBlock(
+            block_fn(
                 embed_dim, num_heads, layer_idx=i, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_norm=qk_norm,
                 proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[i], act_layer=act_layer,
                 norm_layer=norm_layer,
@@ -114,15 +114,19 @@ class VisionTransformer(nn.Module):
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.head_bias_init = head_bias_init
-        self.init_weights()
+        self._init_at_construction()
 
     # --- init ------------------------------------------------------------------------------------
     def init_weights(self) -> None:
-        """timm's ViT init: trunc-normal(0.02) linears, zero biases, CLS ~ N(0, 1e-6). Encodings keep theirs.
+        """Initialise every parameter and buffer (timm's ``init_weights``; run it after building on the meta
+        device and ``to_empty``): :func:`init_module` on every module, children first. The transformers face's
+        ``_init_weights`` is the same function, so both faces initialise alike."""
+        self.apply(init_module)
 
-        With ``head_bias_init`` set (PaPE's recipe: zero head weights, bias -log(num_classes)) the head
-        starts at uniform class probabilities.
-        """
+    def _init_at_construction(self) -> None:
+        """The constructor's init: the layers' own defaults (conv, LayerNorm, encodings), then timm's ViT init of
+        the linears and tokens. Same distributions as :meth:`init_weights`; kept as its own sequence of random
+        draws so that a seed gives the models it always gave."""
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
         for name, module in self.named_modules():
@@ -132,6 +136,17 @@ class VisionTransformer(nn.Module):
                 trunc_normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+        self._init_head()
+
+    def init_self(self) -> None:
+        """This module's own tensors: CLS ~ N(0, 1e-6), and the head rule below."""
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        self._init_head()
+
+    def _init_head(self) -> None:
+        """With ``head_bias_init`` (PaPE's recipe: zero head weights, bias -log(num_classes)) the head starts at
+        uniform class probabilities."""
         if self.head_bias_init is not None and isinstance(self.head, nn.Linear):
             nn.init.zeros_(self.head.weight)
             nn.init.constant_(self.head.bias, self.head_bias_init)
@@ -185,50 +200,51 @@ class VisionTransformer(nn.Module):
         self.pos_encoding.set_grid_size(tuple(self.patch_embed.grid_size), old_grid)
 
     # --- forward ---------------------------------------------------------------------------------
-    def grid_size_for(self, x: torch.Tensor) -> tuple[int, int]:
-        """Validate an image batch and return its patch grid (H / p, W / p)."""
-        if x.ndim != 4:
-            raise ValueError(f"expected an image batch (B, C, H, W), got shape {tuple(x.shape)}")
-        channels = self.patch_embed.proj.in_channels
-        if x.shape[1] != channels:
-            raise ValueError(f"expected {channels} input channels, got {x.shape[1]} (input shape {tuple(x.shape)})")
-        (ph, pw), (h, w) = self.patch_embed.patch_size, x.shape[-2:]
-        if h % ph or w % pw:
-            raise ValueError(
-                f"image size {h}x{w} is not divisible by the patch size {ph}x{pw}; use a multiple of it "
-                f"(e.g. {h // ph * ph or ph}x{w // pw * pw or pw})"
-            )
-        if not self.dynamic_img_size and (h, w) != tuple(self.patch_embed.img_size):
-            raise ValueError(
-                f"image size {h}x{w} differs from the model's {tuple(self.patch_embed.img_size)} and "
-                "dynamic_img_size=False; pass dynamic_img_size=True or call set_input_size()"
-            )
-        return h // ph, w // pw
+    def input_spec(self, position_interpolation: bool | None = None) -> InputSpec:
+        """Everything an input's grid and positions depend on besides its shape."""
+        interpolate = self.position_interpolation if position_interpolation is None else position_interpolation
+        return InputSpec(
+            channels=self.patch_embed.proj.in_channels, patch=tuple(self.tile_size()),
+            native=self.native_size(), train_grid=tuple(self.patch_embed.grid_size), dynamic=self.dynamic_img_size,
+            num_prefix_tokens=self.num_prefix_tokens, interpolate=bool(interpolate), axis_units=self.axis_units(),
+        )
+
+    def tile_size(self) -> tuple[int, ...]:
+        """The input extent of one token: (h, w) patches; the video model's (t, h, w) tubelets."""
+        return tuple(self.patch_embed.patch_size)
+
+    def native_size(self) -> tuple[int, ...]:
+        """The nominal input size, (H, W); the video model's (T, H, W)."""
+        return tuple(self.patch_embed.img_size)
+
+    def grid_size_for(self, x: torch.Tensor) -> tuple[int, ...]:
+        """Validate an input batch and return its token grid ((H / p, W / p) for images)."""
+        return checked_grid(tuple(x.shape), self.input_spec())
 
     def axis_units(self) -> tuple[float, ...] | None:
         """Length of one grid step per axis, in grid order (None: one patch each). The video model sets time's."""
         return None
 
-    def positions(self, grid_size: tuple[int, ...], device: torch.device) -> TokenPositions:
-        return grid_positions(
-            grid_size, self.num_prefix_tokens, tuple(self.patch_embed.grid_size), self.position_interpolation, device,
-            axis_units=self.axis_units(),
-        )
+    def positions(self, grid_size: tuple[int, ...], device: torch.device,
+                  position_interpolation: bool | None = None) -> TokenPositions:
+        """Token positions of a grid; ``position_interpolation`` overrides the model's setting for this call."""
+        return spec_positions(grid_size, device, self.input_spec(position_interpolation))
 
     def prepare_input(self, x: torch.Tensor) -> torch.Tensor:
         """The input as the stem takes it (the video model accepts two layouts)."""
         return x
 
-    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, TokenPositions]:
+    def embed(self, x: torch.Tensor, position_interpolation: bool | None = None
+              ) -> tuple[torch.Tensor, TokenPositions]:
         """Input (B, C, H, W) or (B, C, T, H, W) -> tokens (B, P+N, D) with absolute encodings added, and their
         positions."""
         x = self.prepare_input(x)
-        grid = self.grid_size_for(x)
+        pos = input_positions(x, self.input_spec(position_interpolation))  # validates the input first
         tokens = self.patch_embed(x).flatten(1, -2)  # (B, *grid, D) -> (B, N, D), row-major
         if self.cls_token is not None:
             tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1)
-        pos = self.positions(grid, x.device)
-        tokens = self.pos_encoding.add_to_tokens(tokens, pos)
+        if "tokens" in self.pos_encoding.mechanisms:
+            tokens = encoding_add_to_tokens(self.pos_encoding, tokens, pos)
         return self.pos_drop(tokens), pos
 
     def run_blocks(
@@ -238,24 +254,29 @@ class VisionTransformer(nn.Module):
         take: set[int] | None = None,
         output_attentions: bool = False,
         stop_after: int | None = None,
+        fused: bool = True,
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """Run the blocks; returns the last tokens, the tokens after each block in ``take`` and attentions."""
-        state = self.pos_encoding.prepare(pos)
+        """Run the blocks; returns the last tokens, the tokens after each block in ``take`` and attentions.
+        ``fused=False`` computes attention eagerly (transformers' ``attn_implementation="eager"``)."""
+        state = encoding_prepare(self.pos_encoding, pos)
         hidden, attentions = [], []
         blocks = self.blocks if stop_after is None else self.blocks[: stop_after + 1]
         for i, block in enumerate(blocks):
-            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-                x, probs = checkpoint(block, x, self.pos_encoding, state, output_attentions)
+            # a block that checkpoints itself (transformers' GradientCheckpointingLayer) is called plainly
+            own = getattr(block, "gradient_checkpointing", None) is not None
+            if self.grad_checkpointing and self.training and not own and not torch.jit.is_scripting():
+                x, probs = checkpoint(block, x, self.pos_encoding, state, output_attentions, fused)
             else:
-                x, probs = block(x, self.pos_encoding, state, output_attentions)
+                x, probs = block(x, self.pos_encoding, state, output_attentions, fused)
             if take is not None and i in take:
                 hidden.append(x)
             if probs is not None:
                 attentions.append(probs)
         return x, hidden, attentions
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x, pos = self.embed(x)
+    def forward_features(self, x: torch.Tensor, position_interpolation: bool | None = None) -> torch.Tensor:
+        """Final normed tokens (B, P+N, D); ``position_interpolation`` overrides the model's setting for this call."""
+        x, pos = self.embed(x, position_interpolation)
         x, _, _ = self.run_blocks(x, pos)
         return self.norm(x)
 
@@ -269,6 +290,7 @@ class VisionTransformer(nn.Module):
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # one argument, as every timm model: torch.fx turns each forward argument into a graph input
         return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(
@@ -314,3 +336,101 @@ class VisionTransformer(nn.Module):
             self.fc_norm = nn.Identity()
             self.reset_classifier(0, "")
         return take_indices
+
+
+@torch.no_grad()
+def init_module(module: nn.Module) -> None:
+    """The one init of every module of a pape_hub model (applied children first, so a model's own rule comes
+    last): timm's ViT init for linears (truncated normal, std 0.02, zero bias), the layer's own default for
+    convolutions and norms, ``reset_parameters`` for encodings, CLS and head rules for the model."""
+    if isinstance(module, PositionEncoding):
+        module.reset_parameters()
+    elif isinstance(module, VisionTransformer):
+        module.init_self()
+    elif isinstance(module, nn.Linear):
+        trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, (nn.Conv2d, nn.Conv3d, nn.LayerNorm)):
+        module.reset_parameters()
+
+
+class InputSpec(NamedTuple):
+    """What the grid and positions of an input depend on besides its shape: plain values, so that torch.fx can
+    keep them in a graph (timm's FX feature extraction) while the shape-dependent work runs as opaque calls."""
+
+    channels: int
+    patch: tuple[int, ...]  # the input extent of one token: (h, w) or (t, h, w)
+    native: tuple[int, ...]  # the nominal input size: (H, W) or (T, H, W)
+    train_grid: tuple[int, ...]  # the grid position interpolation refers to
+    dynamic: bool  # other sizes than `native` accepted
+    num_prefix_tokens: int
+    interpolate: bool
+    axis_units: tuple[float, ...] | None  # grid step per axis in patches (video: time's)
+
+
+def checked_grid(shape: tuple[int, ...], spec: InputSpec) -> tuple[int, ...]:
+    """The token grid of an input of ``shape`` (B, C, *extent), or one error naming what is wrong."""
+    video = len(spec.patch) == 3
+    if len(shape) != 2 + len(spec.patch) or shape[1] != spec.channels:
+        if video:
+            raise ValueError(f"expected a video batch (B, {spec.channels}, T, H, W), got shape {shape}")
+        if len(shape) != 4:
+            raise ValueError(f"expected an image batch (B, C, H, W), got shape {shape}")
+        raise ValueError(f"expected {spec.channels} input channels, got {shape[1]} (input shape {shape})")
+    extent = shape[2:]
+    if any(n % t for n, t in zip(extent, spec.patch)):
+        if video:
+            (t, ph, pw), (frames, h, w) = spec.patch, extent
+            raise ValueError(
+                f"a {frames}-frame {h}x{w} clip is not whole tubelets of {t}x{ph}x{pw}; use frames divisible by {t} "
+                f"and sides divisible by the patch size (e.g. {max(t, frames // t * t)} frames of "
+                f"{h // ph * ph or ph}x{w // pw * pw or pw})")
+        (ph, pw), (h, w) = spec.patch, extent
+        raise ValueError(f"image size {h}x{w} is not divisible by the patch size {ph}x{pw}; use a multiple of it "
+                         f"(e.g. {h // ph * ph or ph}x{w // pw * pw or pw})")
+    if not spec.dynamic and tuple(extent) != tuple(spec.native):
+        size = "x".join(map(str, extent))
+        raise ValueError(f"input size {size} differs from the model's {tuple(spec.native)} and dynamic_img_size=False; "
+                         "pass dynamic_img_size=True or call set_input_size()")
+    return tuple(n // t for n, t in zip(extent, spec.patch))
+
+
+def spec_positions(grid_size: tuple[int, ...], device: torch.device, spec: InputSpec) -> TokenPositions:
+    return grid_positions(grid_size, spec.num_prefix_tokens, spec.train_grid, spec.interpolate, device,
+                          axis_units=spec.axis_units)
+
+
+# Shape- and state-dependent steps run as opaque calls under torch.fx (timm's feature extraction); everything
+# else in the model traces.
+@register_notrace_function
+def input_positions(x: torch.Tensor, spec: InputSpec) -> TokenPositions:
+    """Validate an input and return the positions of its tokens."""
+    return spec_positions(checked_grid(tuple(x.shape), spec), x.device, spec)
+
+
+@register_notrace_function
+def encoding_add_to_tokens(encoding: PositionEncoding, tokens: torch.Tensor, pos: TokenPositions) -> torch.Tensor:
+    return encoding.add_to_tokens(tokens, pos)
+
+
+@register_notrace_function
+def encoding_prepare(encoding: PositionEncoding, pos: TokenPositions) -> Any:
+    return encoding.prepare(pos)
+
+
+def feature_take_indices(num_blocks: int, indices: int | list[int] | None = None) -> tuple[list[int], int]:
+    """timm's rule for ``forward_intermediates(indices=)``: None = every block, an int n = the last n, a list =
+    those blocks (negative from the end). Returns (absolute indices, the largest). Written here because timm keeps
+    its own helper private, and the remote-code copy of this file may rely on timm's public API only."""
+    if indices is None:
+        indices = num_blocks
+    if isinstance(indices, int):
+        if not 0 < indices <= num_blocks:
+            raise ValueError(f"last-n ({indices}) is out of range (1 to {num_blocks})")
+        take = [num_blocks - indices + i for i in range(indices)]
+    else:
+        take = [num_blocks + i if i < 0 else i for i in indices]
+        if not all(0 <= i < num_blocks for i in take):
+            raise ValueError(f"feature indices {list(indices)} are out of range (0 to {num_blocks - 1})")
+    return take, max(take)

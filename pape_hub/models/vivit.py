@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from timm.layers import register_notrace_function
 
 from ..layers.tubelet import TubeletEmbed
 from .vit import VisionTransformer
@@ -57,33 +58,13 @@ class VideoVisionTransformer(VisionTransformer):
 
     def prepare_input(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, T, H, W) or (B, T, C, H, W) -> (B, C, T, H, W)."""
-        if x.ndim != 5:
-            raise ValueError(f"expected a video batch (B, C, T, H, W) or (B, T, C, H, W), got shape {tuple(x.shape)}")
-        channels = self.patch_embed.proj.in_channels
-        layout = self.input_layout
-        if layout == "auto":
-            layout = "BCTHW" if x.shape[1] == channels else "BTCHW" if x.shape[2] == channels else None
-        if layout is None:
-            raise ValueError(f"expected {channels} input channels on axis 1 (B, C, T, H, W) or axis 2 (B, T, C, H, W), "
-                             f"got shape {tuple(x.shape)}")
-        return x if layout == "BCTHW" else x.transpose(1, 2)
+        return to_bcthw(x, self.patch_embed.proj.in_channels, self.input_layout)
 
-    def grid_size_for(self, x: torch.Tensor) -> tuple[int, int, int]:
-        """Validate a (B, C, T, H, W) batch and return its tubelet grid (T / t, H / h, W / w)."""
-        channels = self.patch_embed.proj.in_channels
-        if x.ndim != 5 or x.shape[1] != channels:
-            raise ValueError(f"expected a video batch (B, {channels}, T, H, W), got shape {tuple(x.shape)}")
-        (t, ph, pw), (frames, h, w) = self.patch_embed.tubelet_size, x.shape[-3:]
-        if frames % t or h % ph or w % pw:
-            raise ValueError(
-                f"a {frames}-frame {h}x{w} clip is not whole tubelets of {t}x{ph}x{pw}; use frames divisible by {t} "
-                f"and sides divisible by the patch size (e.g. {max(t, frames // t * t)} frames of "
-                f"{h // ph * ph or ph}x{w // pw * pw or pw})"
-            )
-        if not self.dynamic_img_size and (frames, h, w) != (self.patch_embed.num_frames, *self.patch_embed.img_size):
-            raise ValueError(f"clip {frames}x{h}x{w} differs from the model's {self.patch_embed.num_frames}x"
-                             f"{self.patch_embed.img_size} and dynamic_img_size=False")
-        return frames // t, h // ph, w // pw
+    def tile_size(self) -> tuple[int, int, int]:
+        return tuple(self.patch_embed.tubelet_size)
+
+    def native_size(self) -> tuple[int, int, int]:
+        return (self.patch_embed.num_frames, *self.patch_embed.img_size)
 
     def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None,
                        num_frames: int | None = None) -> None:
@@ -94,3 +75,19 @@ class VideoVisionTransformer(VisionTransformer):
         self.patch_embed.set_input_size(img_size=img_size, num_frames=num_frames)
         self.num_frames = self.patch_embed.num_frames
         self.pos_encoding.set_grid_size(tuple(self.patch_embed.grid_size), old_grid)
+
+
+@register_notrace_function  # the layout is read from the shape: an opaque call under torch.fx
+def to_bcthw(x: torch.Tensor, channels: int, layout: str) -> torch.Tensor:
+    """A clip batch in ``layout`` ("auto": found from where the channels are) as (B, C, T, H, W)."""
+    if x.ndim != 5:
+        raise ValueError(f"expected a video batch (B, C, T, H, W) or (B, T, C, H, W), got shape {tuple(x.shape)}")
+    if layout == "auto":
+        layout = "BCTHW" if x.shape[1] == channels else "BTCHW" if x.shape[2] == channels else None
+    if layout is None:
+        raise ValueError(f"expected {channels} input channels on axis 1 (B, C, T, H, W) or axis 2 (B, T, C, H, W), "
+                         f"got shape {tuple(x.shape)}")
+    return x if layout == "BCTHW" else x.transpose(1, 2)
+
+
+torch.fx.wrap("to_bcthw")  # opaque under any torch.fx trace, not only timm's (whose autowrap covers vit.py only)

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from ..encodings import encoding_class, list_encodings
-from ..hf.configuration_pape_vit import check_config_agreement
 from .vit import VisionTransformer
 from .vivit import VideoVisionTransformer
 
-__all__ = ["MODEL_SIZES", "PATCH_SETTINGS", "PUBLISHED_WEIGHTS", "VIDEO_SETTINGS", "list_pape_models",
-           "model_args_for", "register_published_weights"]
+__all__ = ["MODEL_SIZES", "PATCH_SETTINGS", "PUBLISHED_WEIGHTS", "SOURCE_CONFIG_CHECKS", "VIDEO_SETTINGS",
+           "list_pape_models", "model_args_for", "register_published_weights"]
 
 #: Weights published on the Hugging Face Hub: model name -> repo id. Only these models claim pretrained weights
 #: (their ``pretrained_cfg.hf_hub_id``); for every other name ``pretrained=True`` fails at once with a clear error
@@ -108,9 +109,17 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: VisionTransformer) -
     return {k.removeprefix("vit."): v for k, v in state_dict.items()}
 
 
+#: checks of a checkpoint folder's config.json run before timm builds from it: (config, where) -> raise if wrong. The
+#: transformers face adds one (the file's transformers fields must describe the model its timm fields do); the core
+#: imports nothing of the faces.
+SOURCE_CONFIG_CHECKS: list[Callable[[dict[str, Any], str], None]] = []
+
+
 def _check_source_config(pretrained_cfg: Any) -> None:
     """``timm.create_model("local-dir:..." / "hf-hub:...")`` reads ``model_args`` from the folder's config.json;
-    refuse a file whose transformers fields (what the other face builds) say otherwise."""
+    run :data:`SOURCE_CONFIG_CHECKS` on the file."""
+    if not SOURCE_CONFIG_CHECKS:
+        return
     cfg = pretrained_cfg.to_dict() if hasattr(pretrained_cfg, "to_dict") else dict(pretrained_cfg or {})
     if cfg.get("source") == "local-dir" and cfg.get("file"):
         path = Path(cfg["file"]) / "config.json"
@@ -120,7 +129,9 @@ def _check_source_config(pretrained_cfg: Any) -> None:
         path = Path(hf_hub_download(cfg["hf_hub_id"], "config.json"))  # already in the cache: timm just read it
     else:
         return
-    check_config_agreement(json.loads(path.read_text()), str(path))
+    config = json.loads(path.read_text())
+    for check in SOURCE_CONFIG_CHECKS:
+        check(config, str(path))
 
 
 def _has_weights(pretrained_cfg: Any) -> bool:
@@ -135,11 +146,15 @@ def _create(name: str, pretrained: bool = False, **kwargs: Any) -> VisionTransfo
                          f"timm.create_model('hf-hub:ORG/REPO') or 'local-dir:PATH', or use pretrained=False")
     _check_source_config(kwargs.get("pretrained_cfg"))
     out_indices = kwargs.pop("out_indices", 3)
-    return build_model_with_cfg(
-        FAMILIES[_MODELS[name][0]][0], name, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-        **{**model_args_for(name), **kwargs},
-    )
+    # timm's factory passes where and in which dtype to build: every tensor is made there (meta included)
+    device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
+    with torch.device(device) if device is not None else nullcontext():
+        model = build_model_with_cfg(
+            FAMILIES[_MODELS[name][0]][0], name, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
+            feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
+            **{**model_args_for(name), **kwargs},
+        )
+    return model.to(dtype=dtype) if dtype is not None else model
 
 
 def _entrypoint(name: str) -> Callable[..., VisionTransformer]:

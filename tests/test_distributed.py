@@ -1,0 +1,54 @@
+"""Data-parallel training with accelerate on 2 CPU processes (gloo), launched as a user would:
+``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 scripts/train.py ...``. It shards the data,
+writes one checkpoint set, only the main process prints the summary, it matches one process at the same global
+batch, and a run stopped after epoch 1 resumes to the same weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = '{"patch_size": 12, "embed_dim": 32, "depth": 2, "num_heads": 2, "global_pool": "avg", "class_token": false}'
+COMMON = ["--model", "vit_t4_pape", "--model-kwargs", MODEL, "--epochs", "2", "--train-size", "128", "--eval-size",
+          "64", "--seed", "1", "--drop-path", "0", "--label-smoothing", "0", "--threads", "1"]
+
+
+def launch(processes: int, out: Path, batch: int, *extra: str) -> subprocess.CompletedProcess:
+    accelerate = Path(sys.executable).parent / "accelerate"
+    launcher = [str(accelerate), "launch", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--num_processes", str(processes), *(["--multi_gpu"] if processes > 1 else ["--cpu"])]
+    env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    done = subprocess.run([*launcher, str(ROOT / "scripts" / "train.py"), *COMMON, "--batch-size", str(batch),
+                           "--output-dir", str(out), *extra], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "last" / "model.safetensors"))
+
+
+def test_two_processes_shard_match_one_process_and_resume_exactly(tmp_path):
+    two = launch(2, tmp_path / "two", 16)  # global batch 32
+    one = launch(1, tmp_path / "one", 32)
+    assert two.stdout.count("best val top-1") == 1  # the summary, from the main process only
+    history = json.loads((tmp_path / "two" / "results.json").read_text())["history"]
+    assert len(history) == 2 and history[-1]["images_seen"] == 2 * 128
+    assert sorted(p.name for p in (tmp_path / "two").iterdir() if not p.name.startswith(".")) == \
+        ["best", "last", "metrics.jsonl", "results.json", "state"]
+    assert len((tmp_path / "two" / "metrics.jsonl").read_text().splitlines()) == 2
+    assert len(list((tmp_path / "two" / "state").glob("random_states_*.pkl"))) == 2  # one per process
+    a, b = weights(tmp_path / "two"), weights(tmp_path / "one")
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)  # the same steps, reduced in another order
+    launch(2, tmp_path / "resumed", 16, "--stop-after-epoch", "1")
+    launch(2, tmp_path / "resumed", 16, "--resume", str(tmp_path / "resumed"))
+    c = weights(tmp_path / "resumed")
+    assert all(torch.equal(a[k], c[k]) for k in a)
