@@ -38,7 +38,7 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
 
 def test_two_processes_shard_match_one_process_and_resume_exactly(tmp_path):
     two = launch(2, tmp_path / "two", 16)  # global batch 32
-    one = launch(1, tmp_path / "one", 32)
+    launch(1, tmp_path / "one", 32)
     assert two.stdout.count("best val top-1") == 1  # the summary, from the main process only
     history = json.loads((tmp_path / "two" / "results.json").read_text())["history"]
     assert len(history) == 2 and history[-1]["images_seen"] == 2 * 128
