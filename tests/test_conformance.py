@@ -142,3 +142,33 @@ def test_the_encodings_that_cannot_export_to_onnx_still_fail(encoding):
     with warnings.catch_warnings(), pytest.raises(Exception):  # noqa: B017 - the exporter's own error types
         warnings.simplefilter("ignore")
         torch.onnx.export(model, (torch.randn(2, 3, 32, 32),), dynamo=True, verbose=False)
+
+
+MINIMAL = '''
+import importlib.abc, importlib.util, sys
+BLOCK = {"transformers", "huggingface_hub", "accelerate", "datasets", "av", "sklearn", "matplotlib", "filelock",
+         "tqdm", "safetensors"}
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in BLOCK:
+            raise ImportError(f"not installed: {name}")
+sys.meta_path.insert(0, Blocker())
+find = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: None if name.split(".")[0] in BLOCK else find(name, *a)
+import torch, timm, pape_hub
+assert timm.create_model("vit_b16_pape", device="meta").num_classes == 1000
+print(tuple(timm.create_model("vit_t4_rope_mixed").eval()(torch.randn(1, 3, 32, 32)).shape))
+try:
+    pape_hub.save_checkpoint
+except ImportError as err:
+    print(err)
+'''
+
+
+def test_the_models_need_torch_and_timm_only():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", MINIMAL], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "(1, 10)" in done.stdout and "needs the 'hf' extra: pip install 'pape_hub[hf]'" in done.stdout

@@ -23,6 +23,7 @@ position interpolation the coordinates are multiplied by ``train grid / test gri
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -31,7 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    "EncodingContext", "PositionEncoding", "TokenPositions", "compute_dtype", "grid_positions", "pad_prefix_bias",
+    "EncodingContext", "PositionEncoding", "TokenPositions", "compute_dtype", "full_precision", "grid_positions",
+    "pad_prefix_bias",
 ]
 
 
@@ -111,6 +113,14 @@ def grid_positions(
     if scale is not None:
         coords = coords * torch.tensor(scale, device=device, dtype=dtype)
     return TokenPositions(coords, num_prefix_tokens, tuple(grid_size), scale)
+
+
+def full_precision(device: torch.device) -> Any:
+    """A context in which positional arithmetic is not autocast (a no-op on devices without autocast, e.g.
+    ``meta``, where timm's tests run models)."""
+    if device.type == "meta":
+        return nullcontext()
+    return torch.autocast(device.type, enabled=False)
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:

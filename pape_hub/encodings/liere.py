@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype
+from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype, full_precision
 from .registry import register_encoding
 
 __all__ = ["LieRE", "skew_symmetric"]
@@ -99,7 +99,7 @@ class LieRE(PositionEncoding):
         def build() -> torch.Tensor:
             # layer by layer into one tensor: matrix_exp's temporaries for every layer at once need ~10x the
             # result (over 20 GB for dense LieRE at ViT-B/16, 448 px)
-            with torch.autocast(pos.coords.device.type, enabled=False):
+            with full_precision(pos.coords.device):
                 coords = self.token_coordinates(pos)
                 first = self.rotations(coords, 0)
                 out = first.new_empty((self.ctx.depth, *first.shape))
@@ -125,7 +125,7 @@ class LieRE(PositionEncoding):
         if all_layers is not None:
             rot = all_layers[layer]
         else:
-            with torch.autocast(coords.device.type, enabled=False):
+            with full_precision(coords.device):
                 rot = self.rotations(coords, layer)
         return self.rotate(qk, rot)
 

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype
+from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype, full_precision
 from .registry import register_encoding
 
 __all__ = ["PaPE", "PaPERI", "quadratic_key_monomials", "quadratic_query_coefficients"]
@@ -117,7 +117,7 @@ class ParabolicEncoding(PositionEncoding):
 
     def prepare(self, pos: TokenPositions) -> dict[str, torch.Tensor]:
         def build() -> dict[str, torch.Tensor]:
-            with torch.autocast(pos.coords.device.type, enabled=False):
+            with full_precision(pos.coords.device):
                 r = self.token_positions(pos)
                 padding = self.padding(r.device)
                 keys = F.pad(self.key_channels(r), (0, padding))  # (T, channels + padding)
@@ -126,7 +126,7 @@ class ParabolicEncoding(PositionEncoding):
         return self.cached(pos.cache_key(), build, depends_on_params=True)
 
     def transform_qk(self, layer: int, qk: torch.Tensor, x: torch.Tensor, state: Any) -> torch.Tensor:
-        with torch.autocast(x.device.type, enabled=False):
+        with full_precision(x.device):
             queries = self.query_channels(layer, x.to(state["keys"].dtype), state)  # (B, H, T, E)
         extra = torch.stack([queries, state["keys"].expand_as(queries)]).to(qk.dtype)  # (2, B, H, T, E)
         return torch.cat([qk, extra], dim=-1)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype
+from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype, full_precision
 from .registry import register_encoding
 
 __all__ = ["AxialRoPE", "PolarRoPE", "RoPEMixed", "RotaryEncoding", "rotate_pairs", "rotation_tables"]
@@ -60,7 +60,7 @@ class RotaryEncoding(PositionEncoding):
     def prepare(self, pos: TokenPositions) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, signed sin) tables, (L, H, P+N, head_dim), float32 (float64 for float64 positions)."""
         def build() -> tuple[torch.Tensor, torch.Tensor]:
-            with torch.autocast(pos.coords.device.type, enabled=False):
+            with full_precision(pos.coords.device):
                 return rotation_tables(self.phases(pos).to(compute_dtype(pos.coords)), pos.num_prefix_tokens)
 
         return self.cached(pos.cache_key(), build, depends_on_params=self.learned_phases)

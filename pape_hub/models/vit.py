@@ -187,7 +187,10 @@ class VisionTransformer(nn.Module):
             if global_pool not in _POOL_TYPES or (global_pool == "token" and self.cls_token is None):
                 raise ValueError(f"unsupported global_pool {global_pool!r} for this model")
             self.global_pool = global_pool
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        like = self.patch_embed.proj.weight  # the new head lives where the model does, in its dtype
+        self.head = nn.Linear(self.embed_dim, num_classes, device=like.device, dtype=like.dtype) \
+            if num_classes > 0 else nn.Identity()
+        self.head.train(self.training)
 
     def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None) -> None:
         """Change the nominal input size (the grid position interpolation refers to; APE's table size)."""
