@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from .checkpoint import load_checkpoint
 from .data import (
     ARROW_TEST_SEED,
+    DATASET_SPECS,
     ArrowConfig,
     ArrowDataset,
     MotionConfig,
@@ -27,8 +28,8 @@ from .data import (
 from .provenance import git_commit
 from .training import evaluate_loader
 
-__all__ = ["check_label_names", "evaluate_checkpoint", "parse_clip", "plot_sweep_summary", "shuffle_tiles",
-           "task_config", "write_json"]
+__all__ = ["check_label_names", "evaluate_checkpoint", "parse_clip", "plot_sweep_summary", "resolve_eval_target",
+           "shuffle_tiles", "task_config", "write_json"]
 
 
 def shuffle_tiles(x: torch.Tensor, tile: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
@@ -59,6 +60,34 @@ def task_config(config_class: type, trained: dict[str, Any]) -> dict[str, Any]:
     """Every field of a generated task's config as the checkpoint recorded it (an option left out here would
     silently test on another task; the ``isolated`` arrow control once was)."""
     return {f.name: trained[f.name] for f in dataclasses.fields(config_class) if f.name in trained}
+
+
+#: datasets a checkpoint's record names completely (no path): evaluation can default to them
+SELF_CONTAINED = ("arrows", "motion", "digits")
+
+
+def resolve_eval_target(checkpoint: str | Path, dataset: str | None) -> tuple[Path, str]:
+    """(checkpoint folder, dataset spec) to evaluate. A training output folder means its ``best/``; no dataset means
+    the one the checkpoint was trained on (when its record names it completely); a built-in task other than the
+    one it was trained on is refused, naming both."""
+    from .checkpoint import read_config
+
+    folder = Path(checkpoint)
+    if not (folder / "config.json").exists() and (folder / "best" / "config.json").exists():
+        print(f"note: {folder} is a training output folder; evaluating its best checkpoint {folder / 'best'}")
+        folder = folder / "best"
+    trained = read_config(folder).get("pape_hub", {}).get("dataset", {})
+    trained = trained.get("spec") if isinstance(trained, dict) else None
+    if dataset is None:
+        if trained not in SELF_CONTAINED:
+            raise ValueError(f"{folder} was trained on {trained or 'an unrecorded dataset'!r}; name the dataset to "
+                             f"evaluate on with --dataset ({DATASET_SPECS})")
+        return folder, trained
+    kind = dataset.partition(":")[0]
+    if trained and trained != dataset and (kind in SELF_CONTAINED or trained in SELF_CONTAINED):
+        raise ValueError(f"{folder} was trained on {trained!r}, not {dataset!r}: its classes and inputs belong to "
+                         f"that task; pass --dataset {trained} (or omit --dataset)")
+    return folder, dataset
 
 
 def parse_clip(text: str | tuple[int, int]) -> tuple[int, int]:

@@ -334,3 +334,18 @@ def test_a_config_json_that_is_not_an_object_is_named(tmp_path):
     (folder / "config.json").write_text("[]")
     with pytest.raises(ValueError, match="config.json must hold a JSON object of model settings, got a JSON list"):
         load_checkpoint(folder)
+
+
+def test_eval_refuses_another_task_by_name_and_takes_a_training_folder(tmp_path, capsys):
+    from pape_hub.cli import main
+
+    digits = train(TrainConfig(model="vit_t4_ape", model_kwargs=dict(patch_size=2, in_chans=1, embed_dim=32, depth=1,
+                                                                     num_heads=2), img_size=16, dataset="digits",
+                               epochs=1, batch_size=128, aug="none", output_dir=str(tmp_path / "digits"),
+                               quiet=True))
+    assert digits["best_epoch"] == 0
+    assert main(["eval", str(tmp_path / "digits" / "best"), "--dataset", "arrows"]) == 1
+    assert "was trained on 'digits', not 'arrows'" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "digits"), "--resolutions", "16", "--patch-shuffle", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "training output folder" in out and (tmp_path / "digits" / "eval.json").exists()

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..evaluation import evaluate_checkpoint, plot_sweep_summary, write_json
+from ..data import DATASET_SPECS
+from ..evaluation import evaluate_checkpoint, plot_sweep_summary, resolve_eval_target, write_json
 
 
 def ints(text: str | None) -> list[int] | None:
@@ -20,8 +21,10 @@ def ints(text: str | None) -> list[int] | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="a checkpoint folder (config.json + model.safetensors)")
-    parser.add_argument("--dataset", default="arrows", help="arrows | imagefolder:PATH | hf:NAME | cifar:PATH")
+    parser.add_argument("checkpoint", help="a checkpoint folder (config.json + model.safetensors), or a training "
+                        "output folder (its best/ is evaluated)")
+    parser.add_argument("--dataset", default=None, help=f"{DATASET_SPECS} (default: the built-in task or digits the "
+                        "checkpoint was trained on; other datasets must be named)")
     parser.add_argument("--sizes", default=None, help="arrow task: comma-separated grid sizes, e.g. 4,6,8")
     parser.add_argument("--resolutions", default=None, help="images: comma-separated sizes, e.g. 224,384")
     parser.add_argument("--clips", default=None, help="video: comma-separated FRAMESxSIZE, e.g. 6x5,6x7,10x5 "
@@ -42,12 +45,13 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # subnormal floats are slow on CPU and change no prediction (see training.py)
-    result = evaluate_checkpoint(args.checkpoint, args.dataset, sizes=ints(args.sizes),
+    checkpoint, dataset = resolve_eval_target(args.checkpoint, args.dataset)
+    result = evaluate_checkpoint(checkpoint, dataset, sizes=ints(args.sizes),
                                  resolutions=ints(args.resolutions), interpolation=args.interpolation,
                                  split=args.split, batch_size=args.batch_size, eval_size=args.eval_size,
                                  patch_shuffle={"trained": True, "all": "all", "none": False}[args.patch_shuffle],
                                  clips=args.clips.split(",") if args.clips else None)
-    output = Path(args.output) if args.output else Path(args.checkpoint).parent / "eval.json"
+    output = Path(args.output) if args.output else checkpoint.parent / "eval.json"
     write_json(result, output)
     plot_sweep_summary([result], output.with_suffix(".png"), title=f"{result['architecture']} ({result['encoding']})")
     print(f"{'size':>6} {'interp':>6} {'shuffle':>7} {'top-1':>7} {'top-5':>7}")
