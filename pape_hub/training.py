@@ -408,9 +408,9 @@ class Run:
     facts: dict[str, Any]
 
 
-def _input_spec(cfg: TrainConfig) -> tuple[Any, int, int | None, bool]:
-    """(task config of a generated dataset or None, image size, frames per clip or None, is video)."""
-    arrow_cfg, motion_cfg = ArrowConfig(**cfg.arrow), MotionConfig(**cfg.motion)
+def _input_spec(cfg: TrainConfig, arrow_cfg: ArrowConfig, motion_cfg: MotionConfig
+                ) -> tuple[int, int | None, bool]:
+    """(image size, frames per clip or None, is video), checked against the model."""
     generated = {"arrows": arrow_cfg, "motion": motion_cfg}.get(cfg.dataset)
     defaults = {**model_args_for(cfg.model), **cfg.model_kwargs}
     video = "num_frames" in defaults
@@ -426,13 +426,13 @@ def _input_spec(cfg: TrainConfig) -> tuple[Any, int, int | None, bool]:
         if cfg.dataset == "motion" and list(defaults["tubelet_size"])[0] != motion_cfg.tubelet_frames:
             raise ValueError(f"the motion task keeps frames still within tubelets of {motion_cfg.tubelet_frames}, but "
                              f"the model's tubelet is {list(defaults['tubelet_size'])}; make them agree")
-    return generated, img_size, num_frames, video
+    return img_size, num_frames, video
 
 
 def build_run(cfg: TrainConfig, accelerator: Accelerator) -> Run:
     """Data, model, optimizer, schedule and loss, prepared by accelerate."""
-    generated, img_size, num_frames, video = _input_spec(cfg)
     arrow_cfg, motion_cfg = ArrowConfig(**cfg.arrow), MotionConfig(**cfg.motion)
+    img_size, num_frames, video = _input_spec(cfg, arrow_cfg, motion_cfg)
     channels = cfg.model_kwargs.get("in_chans", 3)
     crop_pct = get_pretrained_cfg(cfg.model).to_dict().get("crop_pct", 0.9)
     mean, std = normalisation(cfg, img_size, channels, arrow_cfg, motion_cfg, crop_pct, num_frames)
@@ -533,28 +533,30 @@ def train_one_epoch(cfg: TrainConfig, accelerator: Accelerator, run: Run, epoch:
             if run.mixup is not None:
                 images, targets = run.mixup(images, labels)
             loss = run.criterion(run.model(images), targets)
-            check_finite_loss(loss, accelerator, epoch, step, Path(cfg.output_dir))
+            value = loss.item()  # one host sync per step, shared by the finiteness check and the running mean
+            check_finite_loss(value, accelerator, epoch, step, Path(cfg.output_dir))
             accelerator.backward(loss)
             if accelerator.sync_gradients and cfg.clip_grad:
                 accelerator.clip_grad_norm_(run.model.parameters(), cfg.clip_grad)
             run.optimizer.step()
             run.scheduler.step()
             run.optimizer.zero_grad(set_to_none=True)
-        loss_sum += loss.item() * labels.shape[0]
+        loss_sum += value * labels.shape[0]
         seen += labels.shape[0]
         bar.set_postfix(loss=f"{loss_sum / seen:.3f}", lr=f"{run.scheduler.get_last_lr()[0]:.2e}")
     return loss_sum / max(seen, 1)
 
 
-def check_finite_loss(loss: torch.Tensor, accelerator: Accelerator, epoch: int, step: int, out: Path) -> None:
+def check_finite_loss(loss: float, accelerator: Accelerator, epoch: int, step: int, out: Path) -> None:
     """Raise on a NaN or infinite loss in any process (every process stops together)."""
-    finite = torch.isfinite(loss.detach()).all()
+    finite = math.isfinite(loss)
     if accelerator.num_processes > 1:
-        finite = accelerator.reduce(finite.float().reshape(1), reduction="sum").item() == accelerator.num_processes
-    if not bool(finite):
+        flag = torch.tensor([float(finite)], device=accelerator.device)
+        finite = accelerator.reduce(flag, reduction="sum").item() == accelerator.num_processes
+    if not finite:
         kept = out / "last" if (out / "last").exists() else None
         raise FloatingPointError(
-            f"the training loss is {loss.item()} at epoch {epoch + 1}, step {step + 1}: stopping "
+            f"the training loss is {loss} at epoch {epoch + 1}, step {step + 1}: stopping "
             f"({'the last good checkpoint is ' + str(kept) if kept else 'no epoch finished, so nothing was saved'}); "
             "lower --lr or check the data")
 

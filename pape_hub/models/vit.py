@@ -130,12 +130,8 @@ class VisionTransformer(nn.Module):
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
         for name, module in self.named_modules():
-            if name.startswith("pos_encoding"):
-                continue
-            if isinstance(module, nn.Linear):
-                trunc_normal_(module.weight, std=0.02)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+            if isinstance(module, nn.Linear) and not name.startswith("pos_encoding"):
+                init_module(module)
         self._init_head()
 
     def init_self(self) -> None:
