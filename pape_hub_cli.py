@@ -21,6 +21,7 @@ COMMANDS = {
     "compare": "train several encodings on one dataset and compare them across resolutions (e.g. digits)",
     "train": "train a model (accelerate) on the arrow task, a video task or an image/video dataset",
     "eval": "evaluate a checkpoint across sizes, with and without position interpolation",
+    "convert": "a public ImageNet checkpoint (pape_hub.list_pretrained()) as a checkpoint folder with its card",
     "push": "upload a checkpoint folder (weights, config, code, model card, results) to the Hub",
     "hub": "a Hugging Face Hub endpoint on 127.0.0.1 (`pape-hub hub serve`) for offline push and pull",
     "card": "write a checkpoint's model card from its results JSON",
@@ -32,7 +33,23 @@ COMMANDS = {
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown after every option; descriptions (with their examples) keep their line breaks."""
+    """Defaults shown after every option (also those without a help text); a help text that already states its
+    default is left as it is; descriptions (with their examples) keep their line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text.lower():
+            return text
+        if action.default is None or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            return text
+        return f"{text} (default: %(default)s)".strip()
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if action.help is None and action.option_strings and action.default not in (None, argparse.SUPPRESS):
+            action.help = "(default: %(default)s)"  # argparse prints a help line only for a help text
+        return super()._format_action(action)
 
 
 def package_version() -> str:

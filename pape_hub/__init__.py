@@ -14,8 +14,10 @@ from .models import (
     PUBLISHED_WEIGHTS,
     VisionTransformer,
     list_pape_models,
+    list_pretrained,
     model_args_for,
     register_published_weights,
+    transplant,
 )
 
 if find_spec("transformers") is not None:
@@ -46,6 +48,6 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "PUBLISHED_WEIGHTS", "EncodingContext", "PapeViTConfig", "PapeViTForImageClassification",
     "PapeViTImageProcessor", "PapeViTModel", "PositionEncoding", "TokenPositions", "VisionTransformer",
-    "create_encoding", "list_encodings", "list_pape_models", "load_checkpoint", "model_args_for", "push_checkpoint",
-    "register_published_weights", "save_checkpoint",
+    "create_encoding", "list_encodings", "list_pape_models", "list_pretrained", "load_checkpoint", "model_args_for",
+    "push_checkpoint", "register_published_weights", "save_checkpoint", "transplant",
 ]

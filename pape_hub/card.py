@@ -101,11 +101,67 @@ def _eval_results(evaluation: dict[str, Any], name: str, dataset: tuple[str, str
     return out
 
 
+def _usage(repo_id: str | None) -> list[str]:
+    """The card's "How to use" section: both faces with pape_hub, and transformers' remote code without it."""
+    where = repo_id or "PATH_TO_THIS_FOLDER"
+    prefix = "hf-hub" if repo_id else "local-dir"
+    return [
+        "## How to use",
+        "With pape_hub installed (`import pape_hub` registers the models with timm and transformers):",
+        f"```python\nimport pape_hub, timm, torch\nmodel = timm.create_model(\"{prefix}:{where}\", pretrained=True)"
+        f".eval()\n\nfrom transformers import AutoModelForImageClassification, AutoImageProcessor\n"
+        f"model = AutoModelForImageClassification.from_pretrained(\"{where}\")\n"
+        f"processor = AutoImageProcessor.from_pretrained(\"{where}\")\n```",
+        "Without pape_hub, the code files in this repository load it through transformers' remote code:",
+        f"```python\nfrom transformers import AutoModelForImageClassification\n"
+        f"model = AutoModelForImageClassification.from_pretrained(\"{where}\", trust_remote_code=True)\n```",
+    ]
+
+
+def render_conversion_card(config: dict[str, Any], repo_id: str | None = None) -> ModelCard:
+    """The card of a converted public checkpoint (``pape-hub convert``): where the weights come from, under which
+    licence, and how exactly the conversion reproduces the source (measured, from ``config.json``). It reports no
+    accuracy of its own: the source's published figures are the source's, on its model card."""
+    source = config["pape_hub"]["converted_from"]
+    encoding, args, cfg = config["position_encoding"], config.get("model_args", {}), config.get("pretrained_cfg", {})
+    name = repo_id.split("/")[-1] if repo_id else source["entry"]
+    data = ModelCardData(
+        library_name="pape_hub", license=source.get("license") or "other", pipeline_tag="image-classification",
+        model_name=name, base_model=source["hf_hub_id"],
+        tags=["image-classification", "vision", "position-encoding", f"position-encoding-{encoding}", "pape_hub",
+              "timm", "transformers", "custom_code"])
+    check = source.get("check")
+    exactness = (f"On a fixed random batch {check['input']}, its logits differ from the source's (built by timm's own "
+                 f"`{check['source']}` code from the same files) by at most {check['max_abs_diff_float32']:.2e} in "
+                 f"float32 and {check['max_abs_diff_float64']:.2e} in float64 (largest logit "
+                 f"{check['max_abs_logit']:.2f}), measured by `pape-hub convert`." if check else
+                 "The conversion was not compared with the source (`--no-verify`).")
+    sections = [
+        GENERATED_MARK, f"# {name}",
+        f"The public checkpoint [`{source['hf_hub_id']}`](https://huggingface.co/{source['hf_hub_id']}) "
+        f"({source.get('paper') or 'see its card'}) as a pape_hub Vision Transformer with the **`{encoding}`** "
+        f"position encoding (width {args.get('embed_dim')}, depth {args.get('depth')}, {args.get('num_heads')} heads, "
+        f"patch {args.get('patch_size')}, {args.get('img_size')} px, {config.get('num_classes')} classes), converted "
+        f"with [pape_hub]({PROJECT_URL}). The weights are the source's; pape_hub trained nothing.",
+        "## Conversion", exactness,
+        f"- licence: {source.get('license')} (the source's)\n- preprocessing (the source's): mean {cfg.get('mean')}, "
+        f"std {cfg.get('std')}, crop {cfg.get('crop_pct')} ({cfg.get('crop_mode')}), {cfg.get('interpolation')} "
+        "resize",
+        *_usage(repo_id),
+        "## Accuracy",
+        "This card measures no accuracy. The source's own card reports its ImageNet results; they are the source's "
+        "figures for the source's model, which this one reproduces to the difference above.",
+    ]
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
+
+
 def render_model_card(config: dict[str, Any], evaluation: dict[str, Any] | None = None, *,
                       aggregate: dict[str, Any] | None = None, seeds: list[int] | None = None,
                       bench: dict[str, Any] | None = None, plot: str | None = None, repo_id: str | None = None
                       ) -> ModelCard:
     """A card for a checkpoint folder's ``config.json`` and the results measured on it."""
+    if "converted_from" in config.get("pape_hub", {}):
+        return render_conversion_card(config, repo_id)
     encoding, architecture = config["position_encoding"], config["architecture"]
     meta = config.get("pape_hub", {})
     recipe = meta.get("recipe", {})
@@ -117,8 +173,6 @@ def render_model_card(config: dict[str, Any], evaluation: dict[str, Any] | None 
         tags=["image-classification", "vision", "position-encoding", f"position-encoding-{encoding}", "pape_hub",
               "timm", "transformers", "custom_code"],
         datasets=[dataset[1]], eval_results=_eval_results(evaluation, name, dataset) if evaluation else None)
-    where = repo_id or "PATH_TO_THIS_FOLDER"
-    prefix = "hf-hub" if repo_id else "local-dir"
     args = config.get("model_args", {})
     sections = [
         GENERATED_MARK,
@@ -134,15 +188,7 @@ def render_model_card(config: dict[str, Any], evaluation: dict[str, Any] | None 
         f"encoding: added to tokens, a transform of queries and keys, or an additive logit bias)\n- fused attention "
         f"(no N×N tensor): {'yes' if facts['fused'] else 'no'}\n- position parameters: "
         f"{facts['position_parameters']:,} of {facts['total_parameters']:,}",
-        "## How to use",
-        "With pape_hub installed (`import pape_hub` registers the models with timm and transformers):",
-        f"```python\nimport pape_hub, timm, torch\nmodel = timm.create_model(\"{prefix}:{where}\", pretrained=True)"
-        f".eval()\n\nfrom transformers import AutoModelForImageClassification, AutoImageProcessor\n"
-        f"model = AutoModelForImageClassification.from_pretrained(\"{where}\")\n"
-        f"processor = AutoImageProcessor.from_pretrained(\"{where}\")\n```",
-        "Without pape_hub, the code files in this repository load it through transformers' remote code:",
-        f"```python\nfrom transformers import AutoModelForImageClassification\n"
-        f"model = AutoModelForImageClassification.from_pretrained(\"{where}\", trust_remote_code=True)\n```",
+        *_usage(repo_id),
         "Any input size divisible by the patch size runs without changing the model "
         "(`model.position_interpolation = True` rescales positions to the training grid).",
         "## Training",

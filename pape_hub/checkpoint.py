@@ -108,7 +108,11 @@ def save_checkpoint(model: torch.nn.Module, directory: str | Path, results: dict
         label_names = label_names or [hf_config.id2label[i] for i in range(len(hf_config.id2label))]
         data_config = data_config or dict(mean=list(hf_config.image_mean), std=list(hf_config.image_std))
         model = transformers_to_timm(model)
-    mean, std = (data_config or {}).get("mean"), (data_config or {}).get("std")
+    # how inputs are cropped and resized travels with the model (a converted source's crop_pct), unless given
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    data_config = {**{k: cfg[k] for k in ("crop_pct", "crop_mode", "interpolation") if cfg.get(k) is not None},
+                   **(data_config or {})}
+    mean, std = data_config.get("mean"), data_config.get("std")
     hf_model = timm_to_transformers(model, label_names, image_mean=mean, image_std=std)
     tmp = directory.with_name(f".{directory.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -125,8 +129,9 @@ def save_checkpoint(model: torch.nn.Module, directory: str | Path, results: dict
     config = json.loads((tmp / CONFIG).read_text())
     config["pape_hub"] = dict(extra or {})  # training facts; the encoding is position_encoding, stated once
     if data_config:
-        keys = ("input_size", "mean", "std")
-        config["pretrained_cfg"].update({k: list(v) for k, v in data_config.items() if k in keys})
+        keys = ("input_size", "mean", "std", "crop_pct", "crop_mode", "interpolation")
+        config["pretrained_cfg"].update({k: list(v) if isinstance(v, (list, tuple)) else v
+                                         for k, v in data_config.items() if k in keys})
     (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     replace_dir(tmp, directory)
     return directory

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -142,8 +141,3 @@ def write_results(summary: dict[str, Any], results_dir: Path, title: str) -> Non
     write_json(summary, results_dir / "summary.json")
     (results_dir / "summary.md").write_text(summary_table(summary) + "\n")
     plot_sweep_summary(summary["runs"], results_dir / "accuracy_vs_size.png", title=title)
-
-
-def train_fields(cfg: Any) -> dict[str, Any]:
-    """A TrainConfig as the plain dict a worker rebuilds it from."""
-    return asdict(cfg)

@@ -178,4 +178,21 @@ def provenance(kind: str, argv: list[str] | None = None) -> dict[str, Any]:
                 command="pape-hub " + " ".join(argv if argv is not None else sys.argv[1:]),
                 date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), python=platform.python_version(),
                 torch=torch.__version__, timm=timm.__version__, machine=f"{platform.machine()}, "
-                f"{torch.get_num_threads()} torch threads")
+                f"{torch.get_num_threads()} torch threads", cpu=cpu_description())
+
+
+def cpu_description() -> str:
+    """The CPU model and the instruction set torch's CPU kernels dispatch to: results that train rotary or LieRE
+    models reproduce bit for bit on one machine and thread count, but kernels chosen per instruction set round
+    differently, so another CPU can move single runs."""
+    import torch
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, torch kernels {torch.backends.cpu.get_cpu_capability()}"

@@ -111,6 +111,7 @@ class TrainConfig:
     seed: int = 0
     mixed_precision: str = "no"
     resume: str | None = None
+    init_from: str | None = None  # a checkpoint folder or NAME.TAG whose non-positional weights seed the model
     allow_changed_hparams: bool = False  # let --resume continue with other hyper-parameters than it was saved with
     overwrite: bool = False  # replace what an earlier run left in output_dir
     stop_after_epoch: int | None = None  # stop early (the schedule still spans `epochs`); resume later
@@ -216,6 +217,23 @@ def build_model(cfg: TrainConfig, num_classes: int, img_size: int, num_frames: i
         kwargs["num_frames"] = num_frames
     kwargs.update(cfg.model_kwargs)
     return timm.create_model(cfg.model, **kwargs)
+
+
+def seed_from(source: str, model: torch.nn.Module) -> str:
+    """Transplant (:func:`pape_hub.transplant`) a checkpoint folder's or a converted entry's (``NAME.TAG``) weights
+    into ``model``: the backbone always, position weights where the encoding is the same, the head where the
+    classes agree; the model's own init for the rest. Says what was copied and what is new."""
+    from .checkpoint import load_checkpoint
+    from .models.pretrained import SOURCES, transplant
+
+    if source in SOURCES:
+        weights = timm.create_model(source, pretrained=True)
+    elif Path(source).is_dir():
+        weights, _ = load_checkpoint(source)
+    else:
+        raise ValueError(f"init_from (--init-from) {source!r} is neither a checkpoint folder nor a converted entry "
+                         "(pape_hub.list_pretrained())")
+    return f"seeded from {source}: {transplant(weights, model).summary()}"
 
 
 def check_resume(cfg: TrainConfig, state_dir: Path) -> dict[str, Any]:
@@ -453,6 +471,10 @@ def build_run(cfg: TrainConfig, accelerator: Accelerator) -> Run:
         raise ValueError(f"the training split has {len(data.train)} samples, fewer than one batch of {cfg.batch_size}")
 
     model = build_model(cfg, num_classes, img_size, num_frames)
+    if cfg.init_from:
+        seeded = seed_from(cfg.init_from, model)
+        if accelerator.is_main_process and not cfg.quiet:
+            print(seeded)
     optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
     model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
     # the schedule counts optimizer steps of one process (its shard of the data); accelerate steps a prepared

@@ -349,3 +349,20 @@ def test_eval_refuses_another_task_by_name_and_takes_a_training_folder(tmp_path,
     assert main(["eval", str(tmp_path / "digits"), "--resolutions", "16", "--patch-shuffle", "none"]) == 0
     out = capsys.readouterr().out
     assert "training output folder" in out and (tmp_path / "digits" / "eval.json").exists()
+
+
+def test_every_option_of_every_command_shows_its_default():
+    """``--help`` names each option's default (a help text that already states one is kept as written)."""
+    import argparse
+
+    from pape_hub_cli import COMMANDS, HelpFormatter, command_parser
+
+    for name in COMMANDS:
+        parser, _ = command_parser(name)
+        formatter = HelpFormatter(prog=f"pape-hub {name}")
+        for action in parser._actions:
+            if not action.option_strings or action.default in (None, argparse.SUPPRESS, False, True):
+                continue
+            line = formatter._format_action(action)
+            assert "default" in line, (name, action.option_strings, line)
+            assert line.count("(default") <= 1, (name, line)

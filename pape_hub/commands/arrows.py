@@ -13,6 +13,7 @@ Examples:
     pape-hub arrows --full                            # every encoding, twice the schedule (results/arrows_full)
     pape-hub arrows --encodings rope,rope_mixed --seeds 0 --results-dir none
     pape-hub arrows --paper --epochs 40               # the LieRE paper's harder setting
+    pape-hub arrows --encodings pape --epochs 1 --init-from outputs/src/ape_seed{seed}/best   # transplant, fine-tune
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-size", type=int, default=2000, help="test images per evaluation grid")
     parser.add_argument("--eval-grids", default=None, help="comma-separated grids (default: train grid, +2, +4)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
+    parser.add_argument("--init-from", default=None, metavar="CHECKPOINT",
+                        help="seed every model from this checkpoint folder ({seed} is replaced by the run's seed): the "
+                        "backbone, and the encoding's own position weights (see pape_hub.transplant)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes at once (one thread each)")
     parser.add_argument("--output-dir", default="outputs/arrows", help="checkpoints and logs (replaced each run)")
     parser.add_argument("--results-dir", default=None,
@@ -82,7 +86,7 @@ def arrow_job(label: str, encoding: str, kwargs: dict[str, Any], seed: int, sett
                  dataset="arrows", output_dir=str(root / f"{folder}_seed{seed}"), epochs=epochs, batch_size=128,
                  lr=2e-3, warmup_epochs=1, label_smoothing=0.0, drop_path=0.0, weight_decay=0.05,
                  train_size=args.train_size, eval_size=args.eval_size, seed=seed, arrow=setting, quiet=True,
-                 overwrite=True)
+                 overwrite=True, init_from=args.init_from.format(seed=seed) if args.init_from else None)
     return dict(encoding=label, train=train, sweep=dict(dataset="arrows", sizes=grids, eval_size=args.eval_size))
 
 
@@ -118,8 +122,9 @@ def run(args: argparse.Namespace) -> int:
     summary = dict(provenance=provenance("arrows", ["arrows", *sys.argv[2:]] if sys.argv[1:2] == ["arrows"]
                                          else None),
                    task=dict(setting=setting_name, **setting), model=dict(ARROW_MODEL, patch_size=setting["cell"]),
-                   recipe={k: v for k, v in jobs[0]["train"].items() if k not in ("output_dir", "seed", "model",
-                                                                                      "model_kwargs")},
+                   recipe={**{k: v for k, v in jobs[0]["train"].items() if k not in ("output_dir", "seed", "model",
+                                                                                         "model_kwargs")},
+                           "init_from": args.init_from},
                    epochs=epochs, train_size=args.train_size, eval_size=args.eval_size, sizes=grids, unit="grid",
                    seeds=seeds, encodings=encodings, failed=failed, aggregate=aggregate(results, grids), runs=results)
     print("\n" + summary_table(summary))

@@ -40,7 +40,8 @@ def provenance_line(data: dict[str, Any]) -> str:
     prov = data.get("provenance", {})
     wall = data.get("wall_s")
     return (f"Written by `{prov.get('command', '?')}` at commit `{prov.get('commit', '?')}` "
-            f"(behaviour fingerprint `{prov.get('behaviour_fingerprint', '?')}`, {prov.get('machine', '?')}, "
+            f"(behaviour fingerprint `{prov.get('behaviour_fingerprint', '?')}`, {prov.get('machine', '?')}"
+            f"{', ' + prov['cpu'] if prov.get('cpu') else ''}, "
             f"torch {prov.get('torch', '?')}){f', wall time {wall // 60} min {wall % 60} s' if wall else ''}.")
 
 
@@ -124,6 +125,34 @@ def encodings_block(results: Path) -> str:
         "the meta device.)\n"
 
 
+def transplant_block(results: Path) -> str:
+    """Fine-tuning models seeded from another encoding's model (``--init-from``) against the same budget from
+    scratch."""
+    runs = {name: load(results, f"transplant_{name}/summary.json") for name in ("source", "seeded", "scratch")}
+    missing = [name for name, data in runs.items() if data is None]
+    if missing:
+        return f"_Not measured yet: `results/transplant_{{{','.join(missing)}}}/summary.json` missing._\n"
+    source, seeded, scratch = runs["source"], runs["seeded"], runs["scratch"]
+    sizes = seeded["sizes"]
+    labels = [f"grid {sizes[0]}", f"grid {sizes[-1]}", f"grid {sizes[-1]} interp."]
+
+    def cells(data: dict[str, Any], enc: str) -> str:
+        cols = data["aggregate"][enc]
+        return " | ".join(f"{cols[label]['mean']:.3f} ± {cols[label]['std']:.3f}" if label in cols else "-"
+                          for label in labels)
+
+    lines = ["| model | epochs | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
+    for enc in source["encodings"]:
+        lines.append(f"| `{enc}`, the source | {source['epochs']} | {cells(source, enc)} |")
+    for enc in seeded["encodings"]:
+        lines.append(f"| `{enc}` from scratch | {scratch['epochs']} | {cells(scratch, enc)} |")
+        lines.append(f"| `{enc}` seeded from the source | {seeded['epochs']} | {cells(seeded, enc)} |")
+    lines += ["", f"Top-1 on the test split, mean ± std over seeds {seeded['seeds']} (each seeded model from the "
+              f"source of its seed). Source: {provenance_line(source)} Seeded: {provenance_line(seeded)} "
+              f"From scratch: {provenance_line(scratch)}"]
+    return "\n".join(lines) + "\n"
+
+
 #: README block name -> (results kind it needs, generator). Kind None: generated from code, not results.
 BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "encodings": (None, encodings_block),
@@ -132,9 +161,16 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "arrows_isolated": ("arrows", lambda r: comparison_block(r, "arrows_isolated", "`pape-hub arrows --isolated`")),
     "arrows_isolated_sape2": ("arrows", lambda r: comparison_block(r, "arrows_isolated_sape2",
                                                                    "SaPE² on the control task")),
+    "arrows_isolated_sape2_init": ("arrows", lambda r: comparison_block(r, "arrows_isolated_sape2_init",
+                                                                        "SaPE² tables at std 1.0, control task")),
+    "arrows_sape2_init": ("arrows", lambda r: comparison_block(r, "arrows_sape2_init",
+                                                               "SaPE² tables at std 0.02 and 1.0, arrow task")),
+    "arrows_pape_ri_scale": ("arrows", lambda r: comparison_block(r, "arrows_pape_ri_scale",
+                                                                  "PaPE-RI with a learned w")),
     "arrows_sharper": ("arrows", lambda r: comparison_block(r, "arrows_sharper", "sharper ALiBi / PaPE-RI")),
     "arrows_rope_mixed_long": ("arrows", lambda r: comparison_block(r, "arrows_rope_mixed_seed2_long",
                                                                     "RoPE-Mixed seed 2, twice the schedule")),
+    "transplant": ("arrows", transplant_block),
     "digits": ("compare", lambda r: comparison_block(r, "digits", "`pape-hub compare --dataset digits`")),
     "video": ("compare", lambda r: comparison_block(r, "video_motion", "`pape-hub compare --dataset motion`")),
     "video_absolute_long": ("compare", lambda r: comparison_block(r, "video_motion_absolute_long",

@@ -57,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default=d.mixed_precision)
     parser.add_argument("--resume", default=None, help="an output dir (or its state/) to continue exactly")
+    parser.add_argument("--init-from", default=None, metavar="CHECKPOINT|NAME.TAG",
+                        help="seed the model from a checkpoint folder or a converted public checkpoint "
+                        "(pape_hub.list_pretrained()): every non-positional weight, the encoding's own where it is the "
+                        "same, the head where the classes agree; the model's own init for the rest")
     parser.add_argument("--allow-changed-hparams", action="store_true",
                         help="let --resume continue with hyper-parameters other than the saved run's")
     parser.add_argument("--overwrite", action="store_true", help="replace what an earlier run left in --output-dir")

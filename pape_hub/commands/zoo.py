@@ -1,4 +1,5 @@
-"""``pape-hub zoo``: build registered models, count parameters and run a forward at two resolutions."""
+"""``pape-hub zoo``: build registered models (images and video), count parameters and run a forward at two
+resolutions (video: two frame sizes of the nominal clip)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..models import list_pape_models, model_args_for
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="t,s,b", help="comma-separated model sizes from t,s,b,l (default t,s,b)")
     parser.add_argument("--encodings", default="all", help="comma-separated encoding names, or 'all'")
+    parser.add_argument("--families", default="vit,vivit", help="comma-separated model families: vit, vivit")
     parser.add_argument("--scale", type=float, default=1.5, help="second resolution = native x scale (rounded to "
                         "the patch size)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -43,20 +45,22 @@ def run(args: argparse.Namespace) -> int:
     header = f"{'model':<24} {'params':>12} {'pos params':>11} {'res 1':>6} {'ms':>8} {'res 2':>6} {'ms':>8}  ok"
     print(header, "\n" + "-" * len(header), flush=True)
     failures = 0
-    for name in list_pape_models():
-        size_patch, _, enc = name.removeprefix("vit_").partition("_")
+    families = args.families.split(",")
+    for name in (n for family in families for n in list_pape_models(family)):
+        size_patch, _, enc = name.split("_", 1)[1].partition("_")  # vit_b16_pape -> b16, pape
         if size_patch[0] not in sizes or enc not in encodings:
             continue
         torch.manual_seed(0)
         model = timm.create_model(name).eval()
         args_ = model_args_for(name)
-        patch, native = args_["patch_size"], args_["img_size"]
+        patch, native = model.patch_embed.patch_size[-1], args_["img_size"]
+        clip = (args_["num_frames"],) if "num_frames" in args_ else ()  # video: (B, C, T, H, W)
         second = max(patch, round(native * args.scale / patch) * patch)
         total = sum(p.numel() for p in model.parameters())
         pos = sum(p.numel() for p in model.pos_encoding.parameters())
         cells, ok = [], True
         for res in (native, second):
-            x = torch.randn(1, 3, res, res)
+            x = torch.randn(1, 3, *clip, res, res)
             start = time.perf_counter()
             with torch.inference_mode():
                 out = model(x)

@@ -226,8 +226,9 @@ class PaPERI(ParabolicEncoding):
 
     The positional term is a_i w^2 ||r_j - r_i||^2, translation and rotation invariant. As in the reference
     code w is a fixed random per-head scale drawn from U(-sqrt(1/p), sqrt(1/p)) (a buffer); the paper leaves
-    open whether w is learned, and a learned w would only rescale the learned a. Its one parameter, the
-    curvature projection, reads token content and is weight-decayed like any linear layer.
+    open whether w is learned. ``learned_scale=True`` makes w a parameter (a position parameter: no weight decay),
+    so heads that start nearly position-blind (w near 0) can become positional. The curvature projection reads
+    token content and is weight-decayed like any linear layer.
 
     Without cross terms only 2p channels are needed: queries ``a w^2 [1, .., 1, -2 r_i]`` (the bracket is
     prepared once, so a layer multiplies it by its curvatures) and keys ``[r_j^2, r_j]``.
@@ -235,17 +236,24 @@ class PaPERI(ParabolicEncoding):
 
     paper = "PaPE-RI (Ohrstrom et al. 2026)"
 
-    def __init__(self, ctx: EncodingContext, position_scale: float = 1.0) -> None:
+    def __init__(self, ctx: EncodingContext, position_scale: float = 1.0, learned_scale: bool = False) -> None:
         super().__init__(ctx, position_scale)
         d, h = ctx.dim, ctx.num_heads
         self.curvature_proj = nn.Parameter(torch.empty(ctx.depth, h, d))
-        self.register_buffer("isotropic_scale", torch.empty(ctx.depth, h))
+        self.learned_scale = learned_scale
+        if learned_scale:
+            self.isotropic_scale = nn.Parameter(torch.empty(ctx.depth, h))
+        else:
+            self.register_buffer("isotropic_scale", torch.empty(ctx.depth, h))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         d, bound = self.ctx.dim, math.sqrt(1 / self.ctx.ndim)
         nn.init.uniform_(self.curvature_proj, -1 / math.sqrt(d), 1 / math.sqrt(d))
         nn.init.uniform_(self.isotropic_scale, -bound, bound)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"isotropic_scale"} if self.learned_scale else set()
 
     @staticmethod
     def num_channels(p: int) -> int:

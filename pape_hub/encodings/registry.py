@@ -44,8 +44,11 @@ def create_encoding(name: str, ctx: EncodingContext, **kwargs: Any) -> PositionE
     cls, defaults = encoding_class(name)
     cls.check_ndim(name, ctx)
     check_encoding_kwargs(name, kwargs)
-    enc = cls(ctx, **{**defaults, **kwargs})
-    enc.name = name  # variants share a class; the instance carries the registered name
+    # variants share a class, so the instance carries the registered name; it is set before __init__ runs so that
+    # the constructor's own errors can name the encoding
+    enc = cls.__new__(cls)
+    object.__setattr__(enc, "name", name)
+    enc.__init__(ctx, **{**defaults, **kwargs})
     return enc
 
 

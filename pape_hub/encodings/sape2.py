@@ -21,6 +21,7 @@ The paper has no class token in this path: CLS gets a zero bias row and column a
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -66,7 +67,8 @@ def pairwise_l2(x: torch.Tensor) -> torch.Tensor:
 @register_encoding("sape2_ape", with_ape=True)
 @register_encoding("sape2")
 class SaPE2(PositionEncoding):
-    """SaPE^2 (key mode by default), optionally with a learned absolute embedding."""
+    """SaPE^2 (key mode by default), optionally with a learned absolute embedding; ``table_std`` is the std of the
+    position-logit tables' init (default 0.02, the paper's)."""
 
     mechanisms = ("bias",)
     fused = False
@@ -74,8 +76,11 @@ class SaPE2(PositionEncoding):
     paper = "SaPE^2 (2025), key mode"
 
     def __init__(self, ctx: EncodingContext, mode: str = "key", num_positions: int | None = None,
-                 with_ape: bool = False) -> None:
+                 with_ape: bool = False, table_std: float = 0.02) -> None:
         super().__init__(ctx)
+        if not (math.isfinite(table_std) and table_std > 0):
+            raise ValueError(f"SaPE2 table_std must be a positive number, got {table_std!r}")
+        self.table_std = table_std
         if mode not in ("key", "query"):
             raise ValueError(f"SaPE2 mode must be 'key' or 'query', got {mode!r}")
         self.key_mode = mode == "key"
@@ -88,8 +93,11 @@ class SaPE2(PositionEncoding):
             self.mechanisms = ("tokens", "bias")
 
     def reset_parameters(self) -> None:
-        """The paper's init of the position-logit tables (its appendix): truncated normal, std 0.02."""
-        trunc_normal_(self.pos_emb, std=0.02)
+        """The position-logit tables: truncated normal (cut at +-2, as the reference's ``trunc_normal_``), std
+        ``table_std``. The default 0.02 is the paper's appendix; on small grids it leaves the gates, SaPE²'s only
+        positional pathway, with almost no signal or gradient at the start (the README measures what a larger std
+        changes)."""
+        trunc_normal_(self.pos_emb, std=self.table_std)
 
     def add_to_tokens(self, x: torch.Tensor, pos: TokenPositions) -> torch.Tensor:
         return self.absolute.add_to_tokens(x, pos) if self.absolute is not None else x

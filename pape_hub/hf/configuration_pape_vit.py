@@ -21,6 +21,9 @@ class PapeViTConfig(PreTrainedConfig):
     position_encoding_kwargs (`dict`, *optional*): arguments of that encoding (e.g. ``{"num_parabolas": 8}``).
     position_interpolation (`bool`): scale positions by train grid / test grid at other resolutions.
     use_class_token (`bool`) and pooling (`"token"` or `"avg"`): how the image is summarised for the head.
+    use_fc_norm (`bool`, *optional*): norm after pooling instead of before it (default: with average pooling).
+    layer_norm_eps (`float`): every LayerNorm's epsilon (1e-6 as timm's ViT; 1e-5 for ``nn.LayerNorm`` sources).
+    layerscale_value (`float`, *optional*): LayerScale's initial gain (DeiT-III, Eva); None: no LayerScale.
     timm_architecture (`str`, *optional*): the registered timm name this configuration was made from.
     image_mean, image_std: the normalisation the model was trained with (for the image processor and timm).
     """
@@ -44,6 +47,8 @@ class PapeViTConfig(PreTrainedConfig):
     qk_norm: bool = False
     use_class_token: bool = True
     pooling: str = "token"
+    use_fc_norm: bool | None = None
+    layerscale_value: float | None = None
     position_encoding: str = "ape"
     position_encoding_kwargs: dict[str, Any] | None = None
     position_interpolation: bool = False
@@ -68,6 +73,7 @@ class PapeViTConfig(PreTrainedConfig):
             position_encoding=self.position_encoding, position_encoding_kwargs=self.position_encoding_kwargs or {},
             position_interpolation=self.position_interpolation, proj_drop_rate=self.hidden_dropout_prob,
             attn_drop_rate=self.attention_probs_dropout_prob, drop_path_rate=self.drop_path_rate,
+            fc_norm=self.use_fc_norm, init_values=self.layerscale_value, norm_eps=self.layer_norm_eps,
         )
 
     @classmethod
@@ -96,7 +102,9 @@ class PapeViTConfig(PreTrainedConfig):
             position_encoding_kwargs=kwargs.get("position_encoding_kwargs") or None,
             position_interpolation=kwargs.get("position_interpolation", False),
             hidden_dropout_prob=kwargs.get("proj_drop_rate", 0.0), attention_probs_dropout_prob=kwargs.get(
-                "attn_drop_rate", 0.0), drop_path_rate=kwargs.get("drop_path_rate", 0.0), **extra,
+                "attn_drop_rate", 0.0), drop_path_rate=kwargs.get("drop_path_rate", 0.0),
+            use_fc_norm=kwargs.get("fc_norm"), layerscale_value=kwargs.get("init_values"),
+            layer_norm_eps=kwargs.get("norm_eps", 1e-6), **extra,
         )
 
 

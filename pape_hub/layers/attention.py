@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath, LayerNorm, Mlp, register_notrace_function
+from timm.layers import DropPath, LayerNorm, LayerScale, Mlp, register_notrace_function
 from torch import nn
 
 from ..encodings.base import PositionEncoding
@@ -116,7 +116,11 @@ class PositionalAttention(nn.Module):
 
 
 class PositionalBlock(nn.Module):
-    """Pre-norm transformer block (timm's ``Block``) around :class:`PositionalAttention`."""
+    """Pre-norm transformer block (timm's ``Block``) around :class:`PositionalAttention`.
+
+    ``init_values`` adds timm's ``LayerScale`` (CaiT / DeiT-III: a learned per-channel gain on each residual
+    branch, started at ``init_values``; keys ``ls1.gamma`` / ``ls2.gamma`` as in timm's ViT); None leaves it out.
+    """
 
     def __init__(
         self,
@@ -129,6 +133,7 @@ class PositionalBlock(nn.Module):
         proj_drop: float = 0.0,
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
+        init_values: float | None = None,
         act_layer: type[nn.Module] = nn.GELU,
         norm_layer: type[nn.Module] = LayerNorm,
     ) -> None:
@@ -138,9 +143,11 @@ class PositionalBlock(nn.Module):
             dim, num_heads, layer_idx, qkv_bias=qkv_bias, qk_norm=qk_norm, attn_drop=attn_drop,
             proj_drop=proj_drop, norm_layer=norm_layer,
         )
+        self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm_layer(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(
@@ -148,6 +155,6 @@ class PositionalBlock(nn.Module):
         fused: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         attn_out, probs = self.attn(self.norm1(x), encoding, state, output_attentions, fused)
-        x = x + self.drop_path1(attn_out)
-        x = x + self.drop_path2(self.mlp(self.norm2(x)))
+        x = x + self.drop_path1(self.ls1(attn_out))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x, probs

@@ -12,7 +12,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 import torch
-from timm.layers import LayerNorm, PatchEmbed, global_pool_nlc, register_notrace_function, trunc_normal_
+from timm.layers import LayerNorm, LayerScale, PatchEmbed, global_pool_nlc, register_notrace_function, trunc_normal_
 from timm.models import checkpoint
 from torch import nn
 
@@ -32,6 +32,9 @@ class VisionTransformer(nn.Module):
         position_encoding: encoding name.
         position_encoding_kwargs: constructor arguments of that encoding (e.g. ``{"num_parabolas": 8}``).
         position_interpolation: scale positions by train grid / test grid at other resolutions (PaPE app. B).
+
+    and, for checkpoints of other ViTs (:mod:`pape_hub.models.pretrained`): ``init_values`` (LayerScale, as timm's
+    DeiT-III and Eva) and ``norm_eps`` (the LayerNorms' epsilon; timm's ViT uses 1e-6, ``nn.LayerNorm`` 1e-5).
     """
 
     def __init__(
@@ -52,6 +55,8 @@ class VisionTransformer(nn.Module):
         position_encoding_kwargs: dict[str, Any] | None = None,
         position_interpolation: bool = False,
         fc_norm: bool | None = None,
+        init_values: float | None = None,
+        norm_eps: float = 1e-6,
         dynamic_img_size: bool = True,
         drop_rate: float = 0.0,
         pos_drop_rate: float = 0.0,
@@ -74,7 +79,7 @@ class VisionTransformer(nn.Module):
         if any(size % patch for size, patch in zip(sizes, patches)):
             raise ValueError(f"img_size {sizes} is not divisible by patch_size {patch_size}; the model's native grid "
                              "must be whole patches")
-        norm_layer = norm_layer or partial(LayerNorm, eps=1e-6)
+        norm_layer = norm_layer or partial(LayerNorm, eps=norm_eps)
         self.num_classes = num_classes
         self.in_chans = in_chans
         self.global_pool = global_pool
@@ -101,7 +106,8 @@ class VisionTransformer(nn.Module):
         self.blocks = nn.ModuleList(
             block_fn(
                 embed_dim, num_heads, layer_idx=i, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_norm=qk_norm,
-                proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[i], act_layer=act_layer,
+                proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[i], init_values=init_values,
+                act_layer=act_layer,
                 norm_layer=norm_layer,
             )
             for i in range(depth)
@@ -341,7 +347,7 @@ class VisionTransformer(nn.Module):
 def init_module(module: nn.Module) -> None:
     """The one init of every module of a pape_hub model (applied children first, so a model's own rule comes
     last): timm's ViT init for linears (truncated normal, std 0.02, zero bias), the layer's own default for
-    convolutions and norms, ``reset_parameters`` for encodings, CLS and head rules for the model."""
+    convolutions, norms and LayerScale, ``reset_parameters`` for encodings, CLS and head rules for the model."""
     if isinstance(module, PositionEncoding):
         module.reset_parameters()
     elif isinstance(module, VisionTransformer):
@@ -350,7 +356,7 @@ def init_module(module: nn.Module) -> None:
         trunc_normal_(module.weight, std=0.02)
         if module.bias is not None:
             nn.init.zeros_(module.bias)
-    elif isinstance(module, (nn.Conv2d, nn.Conv3d, nn.LayerNorm)):
+    elif isinstance(module, (nn.Conv2d, nn.Conv3d, nn.LayerNorm, LayerScale)):
         module.reset_parameters()
 
 

@@ -17,19 +17,20 @@ from typing import Any
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
 
 from ..encodings import encoding_class, list_encodings
+from .pretrained import SOURCES, checkpoint_filter_fn, source_cfg
 from .vit import VisionTransformer
 from .vivit import VideoVisionTransformer
 
 __all__ = ["MODEL_SIZES", "PATCH_SETTINGS", "PUBLISHED_WEIGHTS", "SOURCE_CONFIG_CHECKS", "VIDEO_SETTINGS",
-           "list_pape_models", "model_args_for", "register_published_weights"]
+           "list_pape_models", "list_pretrained", "model_args_for", "register_published_weights"]
 
-#: Weights published on the Hugging Face Hub: model name -> repo id. Only these models claim pretrained weights
-#: (their ``pretrained_cfg.hf_hub_id``); for every other name ``pretrained=True`` fails at once with a clear error
-#: instead of searching the Hub for a repo that does not exist. None are published yet. Add a row when a repo is
-#: (a release), or call :func:`register_published_weights` (your own organisation's weights, a local Hub).
+#: Weights of this package's own training published on the Hugging Face Hub: model name -> repo id (none yet). Public
+#: checkpoints of other ViTs are tagged entries (``vit_b16_rope_mixed.naver_in1k``, :mod:`.pretrained`). A name
+#: without either has no weights, and ``pretrained=True`` fails at once with a clear error instead of searching the
+#: Hub for a repo that does not exist. Add a row for a release, or call :func:`register_published_weights`.
 PUBLISHED_WEIGHTS: dict[str, str] = {}
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
@@ -101,12 +102,35 @@ def _cfg(name: str) -> dict[str, Any]:
     )
 
 
-default_cfgs = generate_default_cfgs({name: _cfg(name) for name in _MODELS})
+def _all_cfgs() -> dict[str, dict[str, Any]]:
+    """Every name's own cfg, then its tags: the public checkpoints it converts, each with the source's data config.
+    See :func:`_generate_cfgs` for which is the default."""
+    cfgs = {name: _cfg(name) for name in _MODELS}
+    for name_with_tag in SOURCES:
+        name = name_with_tag.split(".")[0]
+        cfgs[name_with_tag] = {**_cfg(name), **source_cfg(name_with_tag)}
+    return cfgs
 
 
-def checkpoint_filter_fn(state_dict: dict[str, Any], model: VisionTransformer) -> dict[str, Any]:
-    """Accept both checkpoint layouts: timm's keys, and the transformers face's ``vit.``-prefixed ones."""
-    return {k.removeprefix("vit."): v for k, v in state_dict.items()}
+def _generate_cfgs(cfgs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """timm's ``generate_default_cfgs``, with the untagged cfg kept as the default (timm would promote the first tag
+    with weights): ``vit_b16_ape`` stays the random init it always was, and a checkpoint is asked for by its tag."""
+    out = generate_default_cfgs(cfgs)
+    for default_cfg in out.values():
+        if "" in default_cfg.tags:
+            default_cfg.tags.remove("")
+            default_cfg.tags.appendleft("")
+    return out
+
+
+default_cfgs = _generate_cfgs(_all_cfgs())
+
+
+def list_pretrained(pattern: str = "") -> list[str]:
+    """Every ``name.tag`` with weights: converted public checkpoints and :data:`PUBLISHED_WEIGHTS`
+    (``pattern``: a substring, e.g. ``"rope"``)."""
+    names = sorted([*SOURCES, *PUBLISHED_WEIGHTS])
+    return [name for name in names if pattern in name]
 
 
 #: checks of a checkpoint folder's config.json run before timm builds from it: (config, where) -> raise if wrong. The
@@ -135,16 +159,22 @@ def _check_source_config(pretrained_cfg: Any) -> None:
 
 
 def _has_weights(pretrained_cfg: Any) -> bool:
-    cfg = pretrained_cfg.to_dict() if hasattr(pretrained_cfg, "to_dict") else dict(pretrained_cfg or {})
-    return any(cfg.get(k) for k in ("hf_hub_id", "url", "file", "state_dict"))
+    return any(getattr(pretrained_cfg, k) for k in ("hf_hub_id", "url", "file", "state_dict"))
 
 
 def _create(name: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    if pretrained and not _has_weights(kwargs.get("pretrained_cfg")) and name not in PUBLISHED_WEIGHTS:
-        published = ", ".join(sorted(PUBLISHED_WEIGHTS)) or "none yet"
-        raise ValueError(f"{name} has no published weights (published: {published}). Load a checkpoint with "
-                         f"timm.create_model('hf-hub:ORG/REPO') or 'local-dir:PATH', or use pretrained=False")
-    _check_source_config(kwargs.get("pretrained_cfg"))
+    # the cfg timm will load from (a tag, a dict, or hf-hub:/local-dir:, with the overlay applied)
+    cfg = resolve_pretrained_cfg(name, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"))
+    if pretrained and not _has_weights(cfg):
+        tags = [n for n in list_pretrained() if n.split(".")[0] == name]
+        have = f"its tags with weights: {', '.join(tags)}" if tags else "no tag of it has any"
+        raise ValueError(f"{name}{'.' + cfg.tag if cfg.tag else ''} has no weights ({have}; every one: "
+                         "pape_hub.list_pretrained()). Load a "
+                         "checkpoint with timm.create_model('hf-hub:ORG/REPO') or 'local-dir:PATH', or use "
+                         "pretrained=False")
+    _check_source_config(cfg)
+    source = SOURCES.get(f"{name}.{cfg.tag}")
+    kwargs = {**(source.model_args if source else {}), **kwargs}
     out_indices = kwargs.pop("out_indices", 3)
     # timm's factory passes where and in which dtype to build: every tensor is made there (meta included)
     device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
@@ -154,6 +184,8 @@ def _create(name: str, pretrained: bool = False, **kwargs: Any) -> VisionTransfo
             feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
             **{**model_args_for(name), **kwargs},
         )
+    if source:  # timm records the caller's kwargs as the model's arguments; the entry's own belong there too
+        model._model_args = dict(source.model_args)
     return model.to(dtype=dtype) if dtype is not None else model
 
 
@@ -179,7 +211,7 @@ def register_published_weights(name: str, repo_id: str) -> None:
     if name not in _MODELS:
         raise ValueError(f"unknown pape_hub model {name!r}")
     PUBLISHED_WEIGHTS[name] = repo_id
-    default_cfgs.update(generate_default_cfgs({name: _cfg(name)}))
+    default_cfgs.update(_generate_cfgs({k: v for k, v in _all_cfgs().items() if k.split('.')[0] == name}))
     with warnings.catch_warnings():  # timm warns that it overwrites the registration: that is the point
         warnings.simplefilter("ignore")
         globals()[name] = register_model(_entrypoint(name))

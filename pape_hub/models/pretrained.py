@@ -1,0 +1,306 @@
+"""Public ImageNet checkpoints of other ViTs that are pape_hub models, converted on the fly.
+
+A row of :data:`SOURCES` says: the pape_hub model ``name.tag`` *is* that public checkpoint (timm's Hub copy, in
+timm's key layout) given these extra constructor arguments. Its pretrained cfg (repo id, mean, std, crop,
+interpolation, licence, classes) is the source's own, read from timm's registry, so nothing is retyped.
+
+:func:`convert_state_dict` is timm's ``pretrained_filter_fn``: it finds a state dict's layout by its keys (as timm's
+``vision_transformer.checkpoint_filter_fn`` and ``eva.checkpoint_filter_fn`` do), renames the backbone's keys and
+places the source's position weights where the model's encoding keeps the same thing. Position weights the model's
+encoding has no slot for are left out and the model keeps its own freshly initialised ones ("transplant"): any ViT
+checkpoint can seed any encoding, and :class:`Conversion` says what was copied, converted and new.
+
+Layouts (facts measured against each source built by its own code: ``../shared/pretrained_sources.md``):
+
+- ``timm_vit`` (timm's ``VisionTransformer``: ViT augreg, DeiT, DeiT-III, MAE): our keys, except the learned table
+  ``pos_embed`` (DeiT-III's has no CLS row: CLS gets a zero row, which adds nothing) and LayerScale
+  ``blocks.i.ls{1,2}.gamma`` (same keys as ours).
+- ``timm_eva`` (timm's ``Eva``: NaverLabs rope-vit): ``blocks.i.gamma_{1,2}`` are our ``ls{1,2}.gamma``; RoPE-Mixed's
+  ``rope.freqs`` is (2 [x, y], depth, heads, head_dim/2), ours (depth, heads, 2, head_dim/2); axial RoPE's fixed
+  buffers are recomputed, not loaded.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from timm.models import get_pretrained_cfg
+from torch import nn
+
+from ..encodings.absolute import resample_table
+
+__all__ = ["SOURCES", "Conversion", "Source", "convert_state_dict", "source_cfg", "transplant"]
+
+_logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One public checkpoint: timm's ``name.tag`` of it and what the pape_hub model needs to be exactly it."""
+
+    timm_name: str  # e.g. "deit3_small_patch16_224.fb_in1k"; its hf_hub_id is timm's Hub copy
+    model_args: dict[str, Any] = field(default_factory=dict)  # extra constructor arguments (LayerScale, classes)
+    paper: str = ""
+
+
+_TIMM_SIZES = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
+
+
+def _timm_cfg(name_with_tag: str) -> Any:
+    """timm's pretrained cfg of ``name.tag``, None where timm has no such tag."""
+    try:
+        return get_pretrained_cfg(name_with_tag)
+    except RuntimeError:  # timm's "Invalid pretrained tag"
+        return None
+
+
+def _sources() -> dict[str, Source]:
+    """``vit_{size}16_{encoding}.{tag}`` -> source, for every source timm's registry holds. The model takes the
+    source's class count (ImageNet-21k's 21843, MAE's headless encoder)."""
+    rows: dict[str, Source] = {}
+
+    def add(size: str, encoding: str, tag: str, timm_name: str, paper: str, **model_args: Any) -> None:
+        cfg = _timm_cfg(timm_name)
+        if cfg is not None and cfg.hf_hub_id:
+            rows[f"vit_{size}16_{encoding}.{tag}"] = Source(timm_name, dict(model_args, num_classes=cfg.num_classes),
+                                                            paper)
+
+    for size, timm_size in _TIMM_SIZES.items():
+        vit, deit, deit3 = (f"{family}_{timm_size}_patch16_224" for family in ("vit", "deit", "deit3"))
+        for tag in ("augreg2_in21k_ft_in1k", "augreg_in21k_ft_in1k", "augreg_in1k", "augreg_in21k"):
+            add(size, "ape", tag, f"{vit}.{tag}", "How to train your ViT? (Steiner et al. 2021)")
+        add(size, "ape", "fb_in1k", f"{deit}.fb_in1k", "DeiT (Touvron et al. 2021)")
+        for tag in ("fb_in1k", "fb_in22k_ft_in1k"):
+            add(size, "ape", f"fb_deit3_{tag.removeprefix('fb_')}", f"{deit3}.{tag}", "DeiT III (Touvron et al. 2022)",
+                init_values=1e-6)
+        add(size, "ape", "mae", f"{vit}.mae", "MAE (He et al. 2022), encoder")
+        for encoding in ("rope", "rope_mixed"):
+            add(size, encoding, "naver_in1k", f"vit_{timm_size}_patch16_{encoding}_224.naver_in1k",
+                "Rotary Position Embedding for Vision Transformer (Heo et al. 2024)", init_values=1e-5)
+    return rows
+
+
+#: ``name.tag`` -> the public checkpoint it converts
+SOURCES: dict[str, Source] = _sources()
+
+
+def source_cfg(name_with_tag: str) -> dict[str, Any]:
+    """The pretrained-cfg fields of a converted entry, from the source's own cfg in timm's registry: where its
+    weights are (timm's Hub copy) and how its inputs were prepared (mean, std, crop, interpolation) and licensed."""
+    source = SOURCES[name_with_tag]
+    cfg = _timm_cfg(source.timm_name).to_dict()
+    keep = ("hf_hub_id", "input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std", "num_classes",
+            "license", "origin_url", "paper_ids")
+    fields = {k: cfg[k] for k in keep if cfg.get(k) is not None}
+    fields["paper_name"] = source.paper
+    fields["notes"] = (f"converted on the fly from {source.timm_name} (timm's Hub copy of the source's weights)",)
+    return fields
+
+
+# --- conversion -----------------------------------------------------------------------------------------------
+
+@dataclass
+class Conversion:
+    """What a conversion did: tensors copied as they are, converted (renamed, permuted, padded, resampled),
+    taken from the model's own initialisation (position weights the source lacks), and left out."""
+
+    layout: str
+    copied: list[str] = field(default_factory=list)
+    converted: list[str] = field(default_factory=list)
+    own_init: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        parts = [f"{self.layout} checkpoint: {len(self.copied)} tensors copied"]
+        if self.converted:
+            parts.append(f"converted {', '.join(self.converted)}")
+        if self.own_init:
+            parts.append(f"new (the model's own init) {', '.join(self.own_init)}")
+        if self.dropped:
+            parts.append(f"left out {', '.join(self.dropped)}")
+        return "; ".join(parts)
+
+
+def detect_layout(state: dict[str, torch.Tensor], model: nn.Module) -> str:
+    """``"pape_hub"`` (this package's keys, also the transformers face's ``vit.``-prefixed ones), ``"timm_eva"``
+    or ``"timm_vit"``, by sentinel keys."""
+    own = set(model.state_dict())
+    if {k.removeprefix("vit.") for k in state} <= own | {"head.weight", "head.bias"}:
+        return "pape_hub"
+    if "blocks.0.gamma_1" in state or "rope.freqs" in state:
+        return "timm_eva"
+    if "blocks.0.attn.qkv.weight" in state and "patch_embed.proj.weight" in state:
+        return "timm_vit"
+    raise ValueError("unrecognised checkpoint layout: neither pape_hub's keys nor a timm ViT / Eva state dict "
+                     f"(first keys: {list(state)[:6]})")
+
+
+#: where each layout keeps its position weights: source key -> what it holds
+_POSITIONAL = {"pos_embed": "learned table", "rope.freqs": "RoPE-Mixed frequencies"}
+
+
+def _split(state: dict[str, torch.Tensor], layout: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(backbone tensors under our keys, the source's position tensors under its keys)."""
+    backbone, positional = {}, {}
+    for key, value in state.items():
+        if key in _POSITIONAL:
+            positional[key] = value
+        elif layout == "timm_eva" and key.startswith("rope."):
+            continue  # fixed sin/cos buffers: the encoding recomputes them
+        elif layout == "timm_eva":
+            backbone[key.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma")] = value
+        else:
+            backbone[key] = value
+    return backbone, positional
+
+
+def fit_table(table: torch.Tensor, model: nn.Module) -> torch.Tensor:
+    """A learned table (1, P' + N', D) of a square grid -> the model's (1, P + N, D): prefix rows kept, or zero
+    when the source has none (DeiT-III, Naver ``*_ape``: CLS gets no position vector, and adding zero is that);
+    cells resampled bicubically to the model's grid."""
+    encoding = model.pos_encoding
+    num_prefix, grid = encoding.ctx.num_prefix_tokens, tuple(encoding.ctx.grid_size)
+    rows = table.shape[1]
+    side = math.isqrt(rows)
+    source_prefix = rows - side * side
+    cells = table[:, source_prefix:]
+    prefix = table[:, :num_prefix] if source_prefix >= num_prefix else torch.cat(
+        [table[:, :source_prefix], table.new_zeros(1, num_prefix - source_prefix, table.shape[-1])], dim=1)
+    return resample_table(torch.cat([prefix, cells], dim=1), grid, (side, side), num_prefix)
+
+
+def _place(source_key: str, value: torch.Tensor, model: nn.Module) -> tuple[str, torch.Tensor] | None:
+    """The source's position tensor as the model's encoding keeps the same thing, or None if it keeps no such
+    thing (another encoding: the tensor is left out)."""
+    encoding = model.pos_encoding
+    own = dict(encoding.named_parameters())
+    if source_key == "pos_embed" and "pos_embed" in own:
+        return "pos_encoding.pos_embed", fit_table(value, model)
+    if source_key == "rope.freqs" and encoding.name == "rope_mixed" and value.ndim == 4:
+        return "pos_encoding.freqs", value.permute(1, 2, 0, 3)  # (2, L, H, K) -> (L, H, 2, K)
+    return None
+
+
+def fold_layer_scale(state: dict[str, torch.Tensor], model: nn.Module, report: Conversion) -> dict[str, torch.Tensor]:
+    """LayerScale gains of a model built without LayerScale, folded into the layer before them: ``gamma * (W x + b)``
+    is ``(gamma W) x + gamma b``, so ``ls1`` scales ``attn.proj`` and ``ls2`` scales ``mlp.fc2`` (exact up to one
+    rounding per weight)."""
+    own = model.state_dict()
+    out = dict(state)
+    gains = [k for k in state if k.endswith((".ls1.gamma", ".ls2.gamma")) and k not in own]
+    for key in gains:
+        block, branch, _ = key.rsplit(".", 2)
+        layer = f"{block}.attn.proj" if branch == "ls1" else f"{block}.mlp.fc2"
+        gamma = out.pop(key)
+        out[f"{layer}.weight"] = out[f"{layer}.weight"] * gamma[:, None]
+        out[f"{layer}.bias"] = out[f"{layer}.bias"] * gamma
+    if gains:
+        report.converted.append(f"{len(gains)} LayerScale gains folded into attn.proj / mlp.fc2")
+    return out
+
+
+def _own_position_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's own position tensors as its init makes them; on the meta device, a real initialised copy."""
+    encoding = model.pos_encoding
+    if any(t.is_meta for t in encoding.state_dict().values()):
+        encoding = copy.deepcopy(encoding).to_empty(device="cpu")
+        encoding.reset_parameters()
+    return {f"pos_encoding.{k}": v for k, v in encoding.state_dict().items()}
+
+
+def convert_state_dict(state: dict[str, torch.Tensor], model: nn.Module) -> tuple[dict[str, Any], Conversion]:
+    """A checkpoint of any known layout -> the model's keys, and what was done."""
+    state = state.get("model", state) if isinstance(state.get("model"), dict) else state
+    layout = detect_layout(state, model)
+    if layout == "pape_hub":
+        out = {k.removeprefix("vit."): v for k, v in state.items()}
+        return out, Conversion(layout, copied=list(out))
+    backbone, positional = _split(state, layout)
+    report = Conversion(layout, copied=sorted(backbone))
+    out = fold_layer_scale(backbone, model, report)
+    for key, value in positional.items():
+        placed = _place(key, value, model)
+        if placed is None:
+            report.dropped.append(f"{key} ({_POSITIONAL[key]})")
+        else:
+            out[placed[0]] = placed[1]
+            report.converted.append(f"{key} -> {placed[0]}")
+    for key, value in _own_position_state(model).items():
+        if key not in out:
+            out[key] = value
+            if key in dict(model.named_parameters()):
+                report.own_init.append(key)
+    if layout == "timm_eva":
+        report.converted.append("blocks.*.gamma_1/2 -> blocks.*.ls1/2.gamma")
+    return out, report
+
+
+def checkpoint_filter_fn(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, Any]:
+    """timm's ``pretrained_filter_fn``: :func:`convert_state_dict`, logging what a foreign checkpoint gave."""
+    out, report = convert_state_dict(state, model)
+    if report.layout != "pape_hub":
+        _logger.info(report.summary())
+    return out
+
+
+def transplant(source: dict[str, torch.Tensor] | nn.Module, target: nn.Module) -> Conversion:
+    """Load every non-positional weight of ``source`` (a state dict or a model: a timm ViT / Eva or a pape_hub
+    model of any encoding) into ``target`` in place; ``target`` keeps or gets its own encoding's initialised
+    position weights where the source has none of its kind (also when it was built on the meta device). The
+    classifier is copied only when the class counts agree. Returns what was copied and what is new."""
+    state = source.state_dict() if isinstance(source, nn.Module) else dict(source)
+    if not isinstance(source, nn.Module) or not hasattr(source, "pos_encoding"):
+        out, report = convert_state_dict(state, target)
+    elif source.pos_encoding.name == target.pos_encoding.name:  # the same encoding: fine-tuning, all is copied
+        out, report = dict(state), Conversion("pape_hub", copied=sorted(state))
+    else:  # a pape_hub model of another encoding: its position weights are not the target's
+        backbone = {k: v for k, v in state.items() if not k.startswith("pos_encoding.")}
+        report = Conversion("pape_hub", copied=sorted(backbone), dropped=sorted(set(state) - set(backbone)))
+        out = fold_layer_scale(backbone, target, report)
+        for key, value in _own_position_state(target).items():
+            out[key] = value
+            if key in dict(target.named_parameters()):
+                report.own_init.append(key)
+    own = target.state_dict()
+    head = {k: v for k, v in out.items() if k.startswith("head.")}
+    if any(k not in own or tuple(v.shape) != tuple(own[k].shape) for k, v in head.items()):
+        for key in head:  # another class count (or no head): the target keeps its own
+            out.pop(key)
+            report.dropped.append(f"{key} (other classes)")
+    if any(t.is_meta for t in target.parameters()):  # built on the meta device: materialise, initialise, then load
+        target.to_empty(device="cpu")
+        target.init_weights()
+    missing, unexpected = target.load_state_dict(out, strict=False)
+    missing = [k for k in missing if not k.startswith("head.")]
+    if missing or unexpected:
+        raise ValueError(f"transplant does not fit: missing {missing[:6]}, unexpected {unexpected[:6]}")
+    report.own_init += [k for k in target.state_dict() if k.startswith("head.") and k not in out]
+    return report
+
+
+@torch.no_grad()
+def compare_with_source(model: nn.Module, name_with_tag: str, **model_kwargs: Any) -> dict[str, Any]:
+    """Build the source of a converted entry with its own timm code from the same (cached) files, and measure the
+    largest logit difference to ``model`` on a fixed random batch at the model's size, in float32 and in float64.
+    ``model_kwargs``: the size arguments both were built with (none for the published sizes)."""
+    import timm
+
+    source_name = SOURCES[name_with_tag].timm_name
+    kwargs = {k: v for k, v in model_kwargs.items() if k in ("embed_dim", "depth", "num_heads", "img_size",
+                                                             "num_classes", "mlp_ratio")}
+    overlay = {"num_classes": kwargs["num_classes"]} if "num_classes" in kwargs else None  # the files' head
+    source = timm.create_model(source_name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs).eval()
+    ours = copy.deepcopy(model).eval()
+    size = tuple(ours.patch_embed.img_size)
+    x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(0))
+    out: dict[str, Any] = dict(source=source_name, input=[2, 3, *size])
+    for dtype in (torch.float32, torch.float64):
+        a, b = source.to(dtype)(x.to(dtype)), ours.to(dtype)(x.to(dtype))
+        out[f"max_abs_diff_{str(dtype).removeprefix('torch.')}"] = float((a - b).abs().max())
+    out["max_abs_logit"] = float(a.abs().max())
+    return out
