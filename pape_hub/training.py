@@ -547,8 +547,9 @@ def train_one_epoch(cfg: TrainConfig, accelerator: Accelerator, run: Run, epoch:
     run.model.train()
     run.train_loader.set_epoch(epoch)
     loss_sum, seen = 0.0, 0
+    # a bar on a terminal; none in a log file (disable=None), where the per-epoch line below is the progress
     bar = tqdm(run.train_loader, desc=f"epoch {epoch + 1}/{cfg.epochs}",
-               disable=not accelerator.is_main_process or cfg.quiet, leave=False)
+               disable=True if not accelerator.is_main_process or cfg.quiet else None, leave=False)
     for step, (images, labels) in enumerate(bar):
         with accelerator.accumulate(run.model):
             targets = labels

@@ -85,7 +85,7 @@ def arrow_job(label: str, encoding: str, kwargs: dict[str, Any], seed: int, sett
     train = dict(model=model_name(encoding), model_kwargs=model_kwargs,
                  dataset="arrows", output_dir=str(root / f"{folder}_seed{seed}"), epochs=epochs, batch_size=128,
                  lr=2e-3, warmup_epochs=1, label_smoothing=0.0, drop_path=0.0, weight_decay=0.05,
-                 train_size=args.train_size, eval_size=args.eval_size, seed=seed, arrow=setting, quiet=True,
+                 train_size=args.train_size, eval_size=args.eval_size, seed=seed, arrow=setting, quiet=False,
                  overwrite=True, init_from=args.init_from.format(seed=seed) if args.init_from else None)
     return dict(encoding=label, train=train, sweep=dict(dataset="arrows", sizes=grids, eval_size=args.eval_size))
 
@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
 
         hub = HubTarget.resolve(args.hub, args.hub_namespace)  # token / endpoint problems surface before training
     print(f"training {len(jobs)} model(s) on the arrow task ({setting_name} setting: {setting}), {epochs} epochs x "
-          f"{args.train_size} images, {args.jobs} at a time; logs in {root}/", flush=True)
+          f"{args.train_size} images, {args.jobs} at a time; each run logs a line per epoch to {root}/RUN.log",
+          flush=True)
 
     def describe(result: dict[str, Any]) -> str:
         top = next(r["top1"] for r in result["rows"] if r["size"] == grids[0] and not r["interpolation"]

@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         folder = re.sub(r"[^\w.=-]+", "_", label).strip("_")
         for seed in seeds:
             train = dict(model=setup["model"].format(encoding=enc), model_kwargs=model_kwargs, dataset=args.dataset,
-                         output_dir=str(root / f"{folder}_seed{seed}"), seed=seed, quiet=True, overwrite=True,
+                         output_dir=str(root / f"{folder}_seed{seed}"), seed=seed, quiet=False, overwrite=True,
                          **recipe)
             jobs.append(dict(encoding=label, train=train, sweep=sweep))
     print(f"training {len(jobs)} model(s) on {args.dataset}, {setup['epochs']} epochs, {args.jobs} at a time; "
