@@ -307,9 +307,9 @@ def check_output_dir(cfg: TrainConfig) -> None:
 def claim_output_dir(cfg: TrainConfig, main: bool) -> FileLock | None:
     """Lock the folder for this run, remove what an earlier run listed in its manifest (with ``overwrite``), and
     list this run's outputs before writing any. Called once everything has been checked."""
-    check_output_dir(cfg)  # again: the folder may have changed while the data and model were prepared
-    if not main:
+    if not main:  # only the main process writes; another one re-checking would race with its manifest write
         return None
+    check_output_dir(cfg)  # again: the folder may have changed while the data and model were prepared
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(out / LOCK_NAME))
@@ -602,10 +602,13 @@ def save_epoch(cfg: TrainConfig, accelerator: Accelerator, run: Run, record: dic
             print(f"epoch {epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}, "
                   f"val top-1 {record['val_top1']:.4f}, {record['elapsed_s']}s", flush=True)
         shutil.rmtree(out / ".state.tmp", ignore_errors=True)  # what a killed save left: never complete
+        (out / ".state.tmp").mkdir()  # before any process writes its share of the state into it
     accelerator.wait_for_everyone()
-    # full training state: written to a temporary folder, then swapped in
+    # full training state: written to a temporary folder, then swapped in once every process has written its part
+    # (each writes its own random-number state; the swap must not move the folder from under a slower one)
     tmp_state = out / ".state.tmp"
     accelerator.save_state(str(tmp_state))
+    accelerator.wait_for_everyone()
     if main:
         trainer_state = dict(epoch=epoch, step=(epoch + 1) * run.steps_per_epoch, best=best, history=history,
                              identity=cfg.identity(), config=asdict(cfg))
