@@ -47,21 +47,19 @@ def run(args: argparse.Namespace) -> int:
 
     from ..card import write_model_card
     from ..checkpoint import save_checkpoint
-    from ..models.pretrained import SOURCES, compare_with_source
+    from ..models.pretrained import SOURCES, compare_with_source, files_overlay
 
     if args.source not in SOURCES:
         raise ValueError(f"{args.source!r} is not a converted public checkpoint; one of: {', '.join(SOURCES)}")
-    kwargs = dict(args.set)
-    # --set describes the source's files too: a num_classes there is the files' head, kept (not re-initialised)
-    overlay = {"num_classes": kwargs["num_classes"]} if "num_classes" in kwargs else None
-    model = timm.create_model(args.source, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs).eval()
+    kwargs = dict(args.set)  # describes the source's files too (a small test copy's size and head)
+    model = timm.create_model(args.source, pretrained=True, pretrained_cfg_overlay=files_overlay(kwargs),
+                              **kwargs).eval()
     check = None if args.no_verify else compare_with_source(model, args.source, **kwargs)
     cfg = model.pretrained_cfg
     converted_from = dict(timm_name=SOURCES[args.source].timm_name, hf_hub_id=cfg["hf_hub_id"],
                           license=cfg.get("license"), paper=cfg.get("paper_name"), entry=args.source, check=check)
+    # the source's mean, std, crop and interpolation travel in the model's pretrained cfg, which the save writes
     out = save_checkpoint(model, Path(args.output), label_names=label_names(model.num_classes),
-                          data_config={k: cfg[k] for k in ("input_size", "mean", "std", "crop_pct", "interpolation",
-                                                           "crop_mode") if cfg.get(k) is not None},
                           extra=dict(converted_from=converted_from))
     write_model_card(out)
     difference = (f"; logits differ from the source's by at most {check['max_abs_diff_float32']:.2e} (float32), "

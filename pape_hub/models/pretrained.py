@@ -213,6 +213,22 @@ def _own_position_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {f"pos_encoding.{k}": v for k, v in encoding.state_dict().items()}
 
 
+def _add_own_positions(out: dict[str, torch.Tensor], model: nn.Module, report: Conversion) -> None:
+    """Give ``out`` the model's own initialised position tensors where it has none; parameters count as new."""
+    parameters = {name for name, _ in model.named_parameters()}
+    for key, value in _own_position_state(model).items():
+        if key not in out:
+            out[key] = value
+            if key in parameters:
+                report.own_init.append(key)
+
+
+def files_overlay(model_kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """The pretrained-cfg overlay for size arguments that describe the source's files too: a ``num_classes`` there
+    is the files' head, so timm keeps it instead of dropping it as another class count."""
+    return {"num_classes": model_kwargs["num_classes"]} if "num_classes" in model_kwargs else None
+
+
 def convert_state_dict(state: dict[str, torch.Tensor], model: nn.Module) -> tuple[dict[str, Any], Conversion]:
     """A checkpoint of any known layout -> the model's keys, and what was done."""
     state = state.get("model", state) if isinstance(state.get("model"), dict) else state
@@ -230,11 +246,7 @@ def convert_state_dict(state: dict[str, torch.Tensor], model: nn.Module) -> tupl
         else:
             out[placed[0]] = placed[1]
             report.converted.append(f"{key} -> {placed[0]}")
-    for key, value in _own_position_state(model).items():
-        if key not in out:
-            out[key] = value
-            if key in dict(model.named_parameters()):
-                report.own_init.append(key)
+    _add_own_positions(out, model, report)
     if layout == "timm_eva":
         report.converted.append("blocks.*.gamma_1/2 -> blocks.*.ls1/2.gamma")
     return out, report
@@ -262,10 +274,7 @@ def transplant(source: dict[str, torch.Tensor] | nn.Module, target: nn.Module) -
         backbone = {k: v for k, v in state.items() if not k.startswith("pos_encoding.")}
         report = Conversion("pape_hub", copied=sorted(backbone), dropped=sorted(set(state) - set(backbone)))
         out = fold_layer_scale(backbone, target, report)
-        for key, value in _own_position_state(target).items():
-            out[key] = value
-            if key in dict(target.named_parameters()):
-                report.own_init.append(key)
+        _add_own_positions(out, target, report)
     own = target.state_dict()
     head = {k: v for k, v in out.items() if k.startswith("head.")}
     if any(k not in own or tuple(v.shape) != tuple(own[k].shape) for k, v in head.items()):
@@ -293,8 +302,8 @@ def compare_with_source(model: nn.Module, name_with_tag: str, **model_kwargs: An
     source_name = SOURCES[name_with_tag].timm_name
     kwargs = {k: v for k, v in model_kwargs.items() if k in ("embed_dim", "depth", "num_heads", "img_size",
                                                              "num_classes", "mlp_ratio")}
-    overlay = {"num_classes": kwargs["num_classes"]} if "num_classes" in kwargs else None  # the files' head
-    source = timm.create_model(source_name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs).eval()
+    source = timm.create_model(source_name, pretrained=True, pretrained_cfg_overlay=files_overlay(kwargs),
+                               **kwargs).eval()
     ours = copy.deepcopy(model).eval()
     size = tuple(ours.patch_embed.img_size)
     x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(0))
