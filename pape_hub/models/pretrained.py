@@ -287,7 +287,8 @@ def transplant(source: dict[str, torch.Tensor] | nn.Module, target: nn.Module) -
     missing, unexpected = target.load_state_dict(out, strict=False)
     missing = [k for k in missing if not k.startswith("head.")]
     if missing or unexpected:
-        raise ValueError(f"transplant does not fit: missing {missing[:6]}, unexpected {unexpected[:6]}")
+        raise ValueError(f"transplant does not fit: missing {missing[:6]}, unexpected {unexpected[:6]}; the source "
+                         "must be a ViT of the target's width, depth and patch size (build the target to match)")
     report.own_init += [k for k in target.state_dict() if k.startswith("head.") and k not in out]
     return report
 
