@@ -118,6 +118,21 @@ def _usage(repo_id: str | None) -> list[str]:
     ]
 
 
+def _recipe_line(recipe: dict[str, Any]) -> str:
+    """Which recipe trained the model (:mod:`pape_hub.recipes`), its rules, then every value it ran with."""
+    if not recipe:
+        return "- recipe: not recorded"
+    rules = ("name", "source", "init", "optimizer", "weight_decay_on", "schedule", "unstated")
+    values = {k: v for k, v in recipe.items() if k not in rules}
+    if "name" not in recipe:  # a checkpoint from before recipes had names: the default one
+        return f"- recipe: `{json.dumps(values)}`"
+    lines = [f"- recipe: **`{recipe['name']}`** ({recipe['source']}): init {recipe['init']}; "
+             f"{recipe['optimizer']} with weight decay on {recipe['weight_decay_on']}; schedule: {recipe['schedule']}"]
+    if recipe.get("unstated"):
+        lines.append(f"- not stated by the source, so chosen here: {recipe['unstated']}")
+    return "\n".join([*lines, f"- settings: `{json.dumps(values)}`"])
+
+
 def render_conversion_card(config: dict[str, Any], repo_id: str | None = None) -> ModelCard:
     """The card of a converted public checkpoint (``pape-hub convert``): where the weights come from, under which
     licence, and how exactly the conversion reproduces the source (measured, from ``config.json``). It reports no
@@ -194,7 +209,7 @@ def render_model_card(config: dict[str, Any], evaluation: dict[str, Any] | None 
         "## Training",
         "\n".join([
             f"- data: {dataset[0]}: `{json.dumps(meta.get('dataset', {}))}`",
-            f"- recipe: `{json.dumps(recipe)}`" if recipe else "- recipe: not recorded",
+            _recipe_line(recipe),
             f"- normalisation: mean {config.get('pretrained_cfg', {}).get('mean')}, std "
             f"{config.get('pretrained_cfg', {}).get('std')}",
             f"- best epoch {meta['epoch'] + 1} of {recipe.get('epochs', '?')}, validation top-1 "

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import re
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -67,6 +69,20 @@ def train_and_evaluate(job: dict[str, Any]) -> dict[str, Any]:
     return evaluation
 
 
+def _exit_with_parent() -> None:
+    """Worker initializer: when the command that started this worker is gone (killed), the worker stops too,
+    instead of training on and writing into a folder a re-run of the command will use (the kill leaves complete
+    checkpoints: every folder is swapped in whole)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def run_jobs(jobs: list[dict[str, Any]], workers: int, started: float,
              describe: Callable[[dict[str, Any]], str]) -> tuple[list[dict[str, Any]], list[str]]:
     """Run every job (at most ``workers`` at a time, each in a fresh interpreter); returns (results in job order,
@@ -74,7 +90,8 @@ def run_jobs(jobs: list[dict[str, Any]], workers: int, started: float,
     results: list[dict[str, Any]] = []
     failed: list[str] = []
     context = multiprocessing.get_context("spawn")  # a clean interpreter per job: no inherited threads or caches
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context, max_tasks_per_child=1) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, max_tasks_per_child=1,
+                             initializer=_exit_with_parent) as pool:
         futures = {pool.submit(train_and_evaluate, job): i for i, job in enumerate(jobs)}
         for future in as_completed(futures):
             job = jobs[futures[future]]

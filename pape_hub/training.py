@@ -1,9 +1,11 @@
 """One training loop on accelerate for every model and dataset (``pape-hub train`` / ``scripts/train.py``).
 
-Recipe defaults follow PaPE table 8 / appendix E (AdamW, warm-up then cosine one-cycle schedule, no weight decay
-on norms, biases and position parameters, label smoothing, drop path); data augmentation comes from ``timm.data``
-as a preset (``aug``: ``none``, ``light`` or ``default`` = DeiT's RandAugment / Mixup / CutMix) whose parts can each
-be overridden. Pixels are normalised with the training split's own mean and std unless ``normalize="model"``.
+A recipe (:mod:`pape_hub.recipes`: ``default``, or a paper's own, e.g. ``paper-pape``) decides the init of the
+linear layers, which parameters weight decay reaches, the schedule's shape and the values of the settings it states;
+any setting given explicitly wins. The ``default`` recipe: AdamW, linear warm-up then cosine, no weight decay on
+norms, biases and position parameters, label smoothing, drop path. Data augmentation comes from ``timm.data`` as a
+preset (``aug``, e.g. ``default`` = DeiT's RandAugment / Mixup / CutMix) whose parts can each be overridden.
+Pixels are normalised with the training split's own mean and std unless ``normalize="model"``.
 Runs as ``python``, ``pape-hub`` or ``accelerate launch`` (CPU, one GPU or many).
 
 Output folder (one run per folder: a non-empty folder is refused unless ``overwrite`` or ``resume``, and a lock
@@ -39,8 +41,8 @@ from filelock import FileLock, Timeout
 from timm.data import Mixup, create_transform
 from timm.loss import SoftTargetCrossEntropy
 from timm.models import get_pretrained_cfg
-from timm.optim import create_optimizer_v2
 from torch.utils.data import DataLoader
+from torchvision import transforms
 from tqdm.auto import tqdm
 
 from .checkpoint import atomic_write, recover_dir, replace_dir, save_checkpoint
@@ -55,22 +57,23 @@ from .data import (
     motion_statistics,
 )
 from .models import model_args_for
+from .recipes import (
+    AUGMENTATION_PRESETS,
+    RECIPE_SETTINGS,
+    build_optimizer,
+    get_recipe,
+    init_linear_layers,
+    lr_schedule,
+    resolve,
+)
 
 __all__ = ["AUGMENTATION_PRESETS", "TrainConfig", "evaluate_loader", "train"]
 
-#: ``aug`` presets; any field given explicitly (not None) in :class:`TrainConfig` overrides its preset value.
-#: ``crop_scale=None`` means no random crop (the evaluation resize / centre crop is used for training too).
-AUGMENTATION_PRESETS: dict[str, dict[str, Any]] = {
-    "none": dict(crop_scale=None, hflip=0.0, color_jitter=0.0, randaugment="", mixup=0.0, cutmix=0.0),
-    "light": dict(crop_scale=(0.6, 1.0), hflip=0.5, color_jitter=0.0, randaugment="", mixup=0.0, cutmix=0.0),
-    "default": dict(crop_scale=(0.08, 1.0), hflip=0.5, color_jitter=0.4, randaugment="rand-m9-mstd0.5-inc1",
-                    mixup=0.8, cutmix=1.0),
-}
 #: settings a resumed run must share with the run it continues (``allow_changed_hparams`` permits changes)
-RESUME_HPARAMS = ("lr", "min_lr", "batch_size", "weight_decay", "warmup_epochs", "grad_accum", "clip_grad",
-                  "label_smoothing", "drop_path", "aug", "crop_scale", "hflip", "color_jitter", "randaugment", "mixup",
-                  "cutmix", "normalize", "train_size", "val_fraction", "arrow", "motion", "num_frames", "seed",
-                  "img_size")
+RESUME_HPARAMS = ("recipe", "lr", "min_lr", "batch_size", "weight_decay", "warmup_epochs", "grad_accum", "clip_grad",
+                  "label_smoothing", "drop_path", "aug", "crop_scale", "crop_padding", "hflip", "color_jitter",
+                  "randaugment", "mixup", "cutmix", "normalize", "train_size", "val_fraction", "arrow", "motion",
+                  "num_frames", "seed", "img_size")
 LOCK_NAME, MANIFEST_NAME = ".pape_hub.lock", ".pape_hub_run.json"
 #: what a training run writes in its output folder (and nothing else there is ever removed)
 RUN_OUTPUTS = ("best", "last", "state", "metrics.jsonl", "results.json")
@@ -78,7 +81,8 @@ RUN_OUTPUTS = ("best", "last", "state", "metrics.jsonl", "results.json")
 RANGES: dict[str, tuple[float, float, str]] = {
     "lr": (0.0, 1.0, "(0, 1]"), "min_lr": (0.0, 1.0, "[0, lr]"), "weight_decay": (0.0, 10.0, "[0, 10]"),
     "warmup_epochs": (0.0, math.inf, "[0, epochs]"), "label_smoothing": (0.0, 1.0, "[0, 1)"),
-    "drop_path": (0.0, 1.0, "[0, 1)"), "clip_grad": (0.0, math.inf, "positive"), "hflip": (0.0, 1.0, "[0, 1]"),
+    "drop_path": (0.0, 1.0, "[0, 1)"), "clip_grad": (0.0, math.inf, "[0, inf), 0 for none"),
+    "hflip": (0.0, 1.0, "[0, 1]"),
     "color_jitter": (0.0, 10.0, "[0, 10]"), "mixup": (0.0, 100.0, "[0, 100]"), "cutmix": (0.0, 100.0, "[0, 100]"),
     "val_fraction": (0.0, 1.0, "(0, 1)"),
 }
@@ -93,13 +97,16 @@ class TrainConfig:
     epochs: int = 8
     batch_size: int = 128
     lr: float = 2e-3
-    min_lr: float = 1e-6
-    weight_decay: float = 0.05
-    warmup_epochs: float = 1.0
-    label_smoothing: float = 0.1
-    drop_path: float = 0.1
-    aug: str = "default"  # a key of AUGMENTATION_PRESETS; the six fields below override it where not None
+    recipe: str = "default"  # a key of pape_hub.recipes.RECIPES; it fills the seven settings below left at None
+    min_lr: float | None = None
+    weight_decay: float | None = None
+    warmup_epochs: float | None = None
+    label_smoothing: float | None = None
+    drop_path: float | None = None
+    clip_grad: float | None = None  # max gradient norm; 0 for none
+    aug: str | None = None  # a key of AUGMENTATION_PRESETS; the seven fields below override it where not None
     crop_scale: tuple[float, float] | None = None
+    crop_padding: int | None = None
     hflip: float | None = None
     color_jitter: float | None = None
     randaugment: str | None = None
@@ -107,7 +114,6 @@ class TrainConfig:
     cutmix: float | None = None
     normalize: str = "dataset"  # "dataset": the training split's mean/std; "model": the model's pretrained_cfg
     grad_accum: int = 1
-    clip_grad: float | None = 1.0
     seed: int = 0
     mixed_precision: str = "no"
     resume: str | None = None
@@ -140,6 +146,10 @@ class TrainConfig:
             numbers = value if isinstance(value, tuple) else (value,)
             if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
                 bad(f.name, "must be a finite number")
+        recipe = get_recipe(self.recipe)
+        for name in RECIPE_SETTINGS:  # after the finiteness check: a value computed from lr is not blamed on lr
+            if getattr(self, name) is None:
+                setattr(self, name, resolve(recipe.settings[name], self))
         for name in ("epochs", "batch_size", "grad_accum", "train_size", "eval_size"):
             if getattr(self, name) < 1:
                 bad(name, "must be at least 1")
@@ -147,9 +157,11 @@ class TrainConfig:
             bad("stop_after_epoch", "must be at least 1 (epochs to run before stopping)")
         if self.num_workers < 0:
             bad("num_workers", "must not be negative")
+        if self.crop_padding is not None and self.crop_padding < 0:
+            bad("crop_padding", "must not be negative")
         for name, (low, high, shown) in RANGES.items():
             value = getattr(self, name)
-            open_low = name in ("lr", "clip_grad", "val_fraction")
+            open_low = name in ("lr", "val_fraction")
             open_high = name in ("label_smoothing", "drop_path", "val_fraction")
             if value is not None and not ((low < value if open_low else low <= value)
                                           and (value < high if open_high else value <= high)):
@@ -180,14 +192,6 @@ class TrainConfig:
         return dict(model=self.model, model_kwargs=self.model_kwargs, dataset=self.dataset, epochs=self.epochs)
 
 
-def lr_lambda(step: int, warmup: int, total: int, floor: float) -> float:
-    """Linear warm-up to 1, then cosine to ``floor`` (a fraction of the peak)."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 @torch.no_grad()
 def evaluate_loader(model: torch.nn.Module, loader: Any, accelerator: Accelerator | None = None,
                     position_interpolation: bool | None = None) -> dict[str, float]:
@@ -212,11 +216,15 @@ def evaluate_loader(model: torch.nn.Module, loader: Any, accelerator: Accelerato
 
 
 def build_model(cfg: TrainConfig, num_classes: int, img_size: int, num_frames: int | None = None) -> torch.nn.Module:
-    kwargs = dict(num_classes=num_classes, img_size=img_size, drop_path_rate=cfg.drop_path)
+    """The model, initialised as the recipe states (its model arguments, e.g. dropout, unless given explicitly)."""
+    recipe = get_recipe(cfg.recipe)
+    kwargs = dict(num_classes=num_classes, img_size=img_size, drop_path_rate=cfg.drop_path, **recipe.model_kwargs)
     if num_frames is not None:
         kwargs["num_frames"] = num_frames
     kwargs.update(cfg.model_kwargs)
-    return timm.create_model(cfg.model, **kwargs)
+    model = timm.create_model(cfg.model, **kwargs)
+    init_linear_layers(model, recipe)
+    return model
 
 
 def seed_from(source: str, model: torch.nn.Module) -> str:
@@ -340,15 +348,26 @@ def data_transforms(cfg: TrainConfig, img_size: int, channels: int, mean: Any, s
     CutMix are image-only)."""
     aug = cfg.augmentation()
     if video:
+        if aug["crop_padding"]:
+            raise ValueError("crop_padding (--crop-padding) is an image augmentation; clips take --crop-scale")
         return (VideoTransform(img_size, mean, std, crop_scale=aug["crop_scale"], hflip=aug["hflip"]),
                 VideoTransform(img_size, mean, std))
     eval_tf = create_transform(img_size, is_training=False, mean=mean, std=std, interpolation="bicubic",
                                crop_pct=crop_pct)
-    if aug["crop_scale"] is None and not aug["hflip"] and not aug["color_jitter"] and not aug["randaugment"]:
+    if aug["crop_scale"] is None and not aug["crop_padding"] and not aug["hflip"] and not aug["color_jitter"] \
+            and not aug["randaugment"]:
         return eval_tf, eval_tf
     train_tf = create_transform(img_size, is_training=True, scale=aug["crop_scale"] or (1.0, 1.0),
                                 hflip=aug["hflip"], color_jitter=aug["color_jitter"],
-                                auto_augment=aug["randaugment"] or None, mean=mean, std=std, interpolation="bicubic")
+                                auto_augment=aug["randaugment"] or None, mean=mean, std=std, interpolation="bicubic",
+                                separate=bool(aug["crop_padding"]))
+    if aug["crop_padding"]:  # the CIFAR crop: pad, then a random crop of the image size (timm has no such stage)
+        _, colour, final = train_tf
+        crop = transforms.Compose([
+            transforms.Resize(img_size, interpolation=transforms.InterpolationMode.BICUBIC),
+            transforms.CenterCrop(img_size), transforms.RandomCrop(img_size, padding=aug["crop_padding"]),
+            transforms.RandomHorizontalFlip(aug["hflip"])])
+        train_tf = transforms.Compose([crop, colour, final])
     return train_tf, eval_tf
 
 
@@ -475,7 +494,8 @@ def build_run(cfg: TrainConfig, accelerator: Accelerator) -> Run:
         seeded = seed_from(cfg.init_from, model)
         if accelerator.is_main_process and not cfg.quiet:
             print(seeded)
-    optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
+    recipe = get_recipe(cfg.recipe)
+    optimizer = build_optimizer(model, recipe, cfg.lr, cfg.weight_decay)
     model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
     # the schedule counts optimizer steps of one process (its shard of the data); accelerate steps a prepared
     # scheduler once per process at each optimizer step, hence the division: N processes at batch B follow the
@@ -484,8 +504,8 @@ def build_run(cfg: TrainConfig, accelerator: Accelerator) -> Run:
     total_steps = cfg.epochs * steps_per_epoch
     warmup = max(1, round(cfg.warmup_epochs * steps_per_epoch))
     processes = accelerator.num_processes
-    scheduler = accelerator.prepare(torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_lambda(s // processes, warmup, total_steps, cfg.min_lr / cfg.lr)))
+    factor = lr_schedule(recipe, warmup, total_steps, cfg.min_lr / cfg.lr, steps_per_epoch)
+    scheduler = accelerator.prepare(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: factor(s // processes)))
     aug = cfg.augmentation()
     mixup = None
     if data.is_images and (aug["mixup"] > 0 or aug["cutmix"] > 0):
@@ -640,9 +660,9 @@ def finish(cfg: TrainConfig, accelerator: Accelerator, run: Run, best: dict[str,
 
 
 def recipe_summary(cfg: TrainConfig) -> dict[str, Any]:
-    """The training recipe as the model card reports it."""
+    """The training recipe as the model card reports it: the recipe's name, source and rules, then the values."""
     aug = cfg.augmentation()
-    return dict(optimizer="AdamW", lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay,
+    return dict(**get_recipe(cfg.recipe).summary(), lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay,
                 batch_size=cfg.batch_size * cfg.grad_accum, epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
                 label_smoothing=cfg.label_smoothing, drop_path=cfg.drop_path, clip_grad=cfg.clip_grad,
                 augmentation=cfg.aug if cfg.dataset not in ("arrows", "motion") else "none (generated task)",

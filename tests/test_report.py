@@ -77,3 +77,14 @@ def test_model_cards_claim_only_what_the_results_hold(card):
         numbers = set(re.findall(r"\|\s*([0-9]+\.[0-9]+)\s*(?=\|)", speed))
         assert numbers and numbers <= allowed, f"{card.name} speed claims {sorted(numbers - allowed)}"
     assert "REPO_ID" not in text and "import pape_hub" in text and (card.with_suffix(".png")).exists()
+
+
+def test_a_new_probe_keeps_earlier_results_current():
+    """An encoding added later brings its own probe: results measured before it existed stay current; a probe
+    that disappears (an encoding removed) or changes does not."""
+    from pape_hub.provenance import behaviour_differences
+
+    recorded = {"vit/ape": [1.0, 2.0]}
+    assert behaviour_differences(recorded, {"vit/ape": [1.0, 2.0], "vit/new": [3.0]}) == []
+    assert behaviour_differences({**recorded, "vit/gone": [1.0]}, recorded) == ["vit/gone: no longer probed"]
+    assert len(behaviour_differences(recorded, {"vit/ape": [1.0, 2.1], "vit/new": [3.0]})) == 1

@@ -366,3 +366,44 @@ def test_every_option_of_every_command_shows_its_default():
             line = formatter._format_action(action)
             assert "default" in line, (name, action.option_strings, line)
             assert line.count("(default") <= 1, (name, line)
+
+
+WORKER_PARENT = '''
+import multiprocessing, os, time
+from concurrent.futures import ProcessPoolExecutor
+from pape_hub.experiment import _exit_with_parent
+
+if __name__ == "__main__":
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_exit_with_parent)
+    print(pool.submit(os.getpid).result(), flush=True)
+    pool.submit(time.sleep, 600)  # the worker is busy when its command is killed
+    time.sleep(600)
+'''
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
+def test_workers_stop_when_their_command_is_killed(tmp_path):
+    """`pape-hub arrows` / `compare` killed: their worker processes stop too, instead of training on into folders
+    that a re-run of the command then finds written by no run it knows."""
+    script = tmp_path / "command.py"
+    script.write_text(WORKER_PARENT)
+    command = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(command.stdout.readline())
+        time.sleep(0.5)
+        assert running(worker)
+        command.kill()
+        command.wait()
+        deadline = time.time() + 15
+        while running(worker) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not running(worker)
+    finally:
+        command.kill()

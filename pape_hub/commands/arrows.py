@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-size", type=int, default=2000, help="test images per evaluation grid")
     parser.add_argument("--eval-grids", default=None, help="comma-separated grids (default: train grid, +2, +4)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
+    parser.add_argument("--recipe", default="default", help="training recipe (pape_hub.recipes: init, weight-decay "
+                        "groups, schedule; the task keeps its lr, epochs, batch, warm-up, weight decay, no smoothing "
+                        "or drop path), e.g. paper-pape")
     parser.add_argument("--init-from", default=None, metavar="CHECKPOINT",
                         help="seed every model from this checkpoint folder ({seed} is replaced by the run's seed): the "
                         "backbone, and the encoding's own position weights (see pape_hub.transplant)")
@@ -55,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", default="outputs/arrows", help="checkpoints and logs (replaced each run)")
     parser.add_argument("--results-dir", default=None,
                         help="where the table, JSON and plot go (default results/arrows_main_job, "
-                        "results/arrows_full with --full, results/arrows_paper with --paper; 'none' to skip)")
+                        "results/arrows_full with --full, results/arrows_paper with --paper, each + _RECIPE for "
+                        "another --recipe; 'none' to skip)")
     parser.add_argument("--hub", choices=["auto", "local", "real", "none"], default="auto",
                         help="where the seed-0 checkpoints are pushed and loaded back from: 'auto' = the Hub your "
                         "token points at if one is configured, else a Hub endpoint started on 127.0.0.1")
@@ -68,6 +72,8 @@ def run_setting(args: argparse.Namespace) -> tuple[str, dict[str, int], int, Pat
     name = "paper" if args.paper else "isolated" if args.isolated else "default"
     epochs = args.epochs or (10 if args.full else 5)
     default_dir = "results/arrows_" + ("full" if args.full else "main_job" if name == "default" else name)
+    if args.recipe != "default":
+        default_dir += "_" + args.recipe.replace("-", "_")
     results = args.results_dir or default_dir
     return name, SETTINGS[name], epochs, None if results == "none" else Path(results)
 
@@ -85,7 +91,8 @@ def arrow_job(label: str, encoding: str, kwargs: dict[str, Any], seed: int, sett
     train = dict(model=model_name(encoding), model_kwargs=model_kwargs,
                  dataset="arrows", output_dir=str(root / f"{folder}_seed{seed}"), epochs=epochs, batch_size=128,
                  lr=2e-3, warmup_epochs=1, label_smoothing=0.0, drop_path=0.0, weight_decay=0.05,
-                 train_size=args.train_size, eval_size=args.eval_size, seed=seed, arrow=setting, quiet=False,
+                 recipe=args.recipe, train_size=args.train_size, eval_size=args.eval_size, seed=seed, arrow=setting,
+                 quiet=False,
                  overwrite=True, init_from=args.init_from.format(seed=seed) if args.init_from else None)
     return dict(encoding=label, train=train, sweep=dict(dataset="arrows", sizes=grids, eval_size=args.eval_size))
 
@@ -94,8 +101,10 @@ def run(args: argparse.Namespace) -> int:
     from ..encodings import list_encodings
     from ..experiment import aggregate, parse_encodings, run_jobs, summary_table, write_results
     from ..provenance import provenance
+    from ..recipes import get_recipe
 
     started = time.time()
+    get_recipe(args.recipe)  # an unknown recipe fails here, before any worker starts
     setting_name, setting, epochs, results_dir = run_setting(args)
     specs = parse_encodings("all" if args.full else args.encodings, list_encodings())
     encodings = [label for label, _, _ in specs]

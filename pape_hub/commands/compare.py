@@ -65,7 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name in ("lr", "warmup_epochs", "weight_decay", "label_smoothing", "drop_path", "hflip", "color_jitter",
                  "mixup", "cutmix"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=None, help="default: the preset's")
-    parser.add_argument("--aug", choices=["none", "light", "default"], default=None, help="default: the preset's")
+    parser.add_argument("--aug", default=None, help="augmentation preset (pape_hub.recipes.AUGMENTATION_PRESETS; "
+                        "default: the preset's)")
+    parser.add_argument("--recipe", default=None, help="training recipe (pape_hub.recipes: init, weight-decay groups, "
+                        "schedule; the preset keeps its own values; default: default)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes at once (one thread each)")
     parser.add_argument("--output-dir", default=None, help="checkpoints and logs (default outputs/compare_<data>)")
     parser.add_argument("--results-dir", default=None, help="table, JSON and plot (default: the preset's, e.g. "
@@ -86,7 +89,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     if args.clips:
         preset["clips"] = args.clips.split(",")
     for name in ("model", "img_size", "epochs", "batch_size", "lr", "warmup_epochs", "weight_decay", "label_smoothing",
-                 "drop_path", "aug", "hflip", "color_jitter", "mixup", "cutmix", "results_dir", "train_size",
+                 "drop_path", "aug", "recipe", "hflip", "color_jitter", "mixup", "cutmix", "results_dir", "train_size",
                  "eval_size"):
         if getattr(args, name, None) is not None:
             preset[name] = getattr(args, name)

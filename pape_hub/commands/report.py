@@ -153,6 +153,41 @@ def transplant_block(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def recipe_block(results: Path, baseline: str, other: str, learned: float = 0.30) -> str:
+    """The same encodings and task under two training recipes, side by side, and whether their ranking changes:
+    which encodings learn the task (test mean at the training grid >= ``learned``; chance is 0.25) and their order."""
+    runs = {name: load(results, f"{name}/summary.json") for name in (baseline, other)}
+    missing = [name for name, data in runs.items() if data is None]
+    if missing:
+        return f"_Not measured yet: `results/{missing[0]}/summary.json` is missing._\n"
+    names = {name: data["recipe"].get("recipe", "default") for name, data in runs.items()}
+    sizes = runs[baseline]["sizes"]
+    labels = [f"grid {sizes[0]}", f"grid {sizes[-1]}"]
+    encodings = [e for e in runs[baseline]["encodings"] if e in runs[other]["encodings"]]
+
+    def cell(name: str, enc: str, label: str) -> str:
+        value = runs[name]["aggregate"][enc][label]
+        return f"{value['mean']:.3f} ± {value['std']:.3f}"
+
+    head = [f"{label}, `{names[n]}`" for label in labels for n in runs]
+    lines = ["| encoding | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    lines += [f"| `{enc}` | " + " | ".join(cell(n, enc, label) for label in labels for n in runs) + " |"
+              for enc in encodings]
+
+    def order(name: str) -> list[str]:
+        means = {e: runs[name]["aggregate"][e][labels[0]]["mean"] for e in encodings}
+        return sorted((e for e in encodings if means[e] >= learned), key=lambda e: -means[e])
+
+    orders = {name: order(name) for name in runs}
+    same = orders[baseline] == orders[other]
+    lines += ["", "Learn the task (test mean at grid "
+              f"{sizes[0]} ≥ {learned:.2f}; chance 0.25), best first: "
+              + "; ".join(f"`{names[n]}`: {', '.join(f'`{e}`' for e in o) or 'none'}" for n, o in orders.items())
+              + f". Ranking {'unchanged' if same else '**changed**'}.",
+              "", f"Mean ± std over seeds {runs[other]['seeds']}. `{names[other]}`: {provenance_line(runs[other])}"]
+    return "\n".join(lines) + "\n"
+
+
 #: README block name -> (results kind it needs, generator). Kind None: generated from code, not results.
 BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "encodings": (None, encodings_block),
@@ -171,6 +206,9 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "arrows_rope_mixed_long": ("arrows", lambda r: comparison_block(r, "arrows_rope_mixed_seed2_long",
                                                                     "RoPE-Mixed seed 2, twice the schedule")),
     "transplant": ("arrows", transplant_block),
+    "arrows_paper_pape": ("arrows", lambda r: comparison_block(r, "arrows_main_job_paper_pape",
+                                                               "`pape-hub arrows --recipe paper-pape`")),
+    "recipes_ranking": ("arrows", lambda r: recipe_block(r, "arrows_main_job", "arrows_main_job_paper_pape")),
     "digits": ("compare", lambda r: comparison_block(r, "digits", "`pape-hub compare --dataset digits`")),
     "video": ("compare", lambda r: comparison_block(r, "video_motion", "`pape-hub compare --dataset motion`")),
     "video_absolute_long": ("compare", lambda r: comparison_block(r, "video_motion_absolute_long",

@@ -17,7 +17,8 @@ import json
 from dataclasses import fields
 
 from ..data import DATASET_SPECS, ArrowConfig, MotionConfig
-from ..training import AUGMENTATION_PRESETS, TrainConfig, train
+from ..recipes import AUGMENTATION_PRESETS, RECIPES, setting_help
+from ..training import TrainConfig, train
 
 MOTION_FLAGS = {"motion_frames": "frames", "motion_grid": "grid", "motion_cell": "cell",
                 "motion_distractors": "distractors", "motion_tubelet_frames": "tubelet_frames"}
@@ -34,17 +35,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", default=d.output_dir)
     parser.add_argument("--epochs", type=int, default=d.epochs)
     parser.add_argument("--batch-size", type=int, default=d.batch_size)
-    parser.add_argument("--lr", type=float, default=d.lr)
-    parser.add_argument("--min-lr", type=float, default=d.min_lr)
-    parser.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    parser.add_argument("--warmup-epochs", type=float, default=d.warmup_epochs)
-    parser.add_argument("--label-smoothing", type=float, default=d.label_smoothing)
-    parser.add_argument("--drop-path", type=float, default=d.drop_path)
-    parser.add_argument("--aug", choices=list(AUGMENTATION_PRESETS), default=d.aug,
-                        help="augmentation preset for natural images; the flags below override its parts: "
-                        + "; ".join(f"{k}: {v}" for k, v in AUGMENTATION_PRESETS.items()))
+    parser.add_argument("--lr", type=float, default=d.lr, help="peak learning rate")
+    parser.add_argument("--recipe", choices=list(RECIPES), default=d.recipe,
+                        help="init, weight-decay groups, schedule and the settings below a source states "
+                        "(pape_hub.recipes); a setting given explicitly wins: "
+                        + "; ".join(f"{r.name}: {r.source}" for r in RECIPES.values()))
+    parser.add_argument("--min-lr", type=float, default=None, help="end of the schedule; " + setting_help("min_lr"))
+    parser.add_argument("--weight-decay", type=float, default=None, help=setting_help("weight_decay"))
+    parser.add_argument("--warmup-epochs", type=float, default=None, help=setting_help("warmup_epochs"))
+    parser.add_argument("--label-smoothing", type=float, default=None, help=setting_help("label_smoothing"))
+    parser.add_argument("--drop-path", type=float, default=None, help=setting_help("drop_path"))
+    parser.add_argument("--aug", choices=list(AUGMENTATION_PRESETS), default=None,
+                        help="augmentation preset for natural images; the flags below override its parts ("
+                        + "; ".join(f"{k}: {v}" for k, v in AUGMENTATION_PRESETS.items()) + "); "
+                        + setting_help("aug"))
     parser.add_argument("--crop-scale", type=floats, default=None, metavar="MIN,MAX",
                         help="random-resized-crop area range (default: the preset's)")
+    parser.add_argument("--crop-padding", type=int, default=None,
+                        help="pad by this much, then a random crop of the image size (default: the preset's)")
     parser.add_argument("--hflip", type=float, default=None, help="horizontal flip probability (default: preset)")
     parser.add_argument("--color-jitter", type=float, default=None, help="colour jitter strength (default: preset)")
     parser.add_argument("--randaugment", default=None, help="timm auto_augment string, '' for none (default: preset)")
@@ -53,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--normalize", choices=["dataset", "model"], default=d.normalize,
                         help="normalise pixels with the training split's mean/std or the model's pretrained_cfg")
     parser.add_argument("--grad-accum", type=int, default=d.grad_accum)
-    parser.add_argument("--clip-grad", type=float, default=d.clip_grad, help="max grad norm, 0 to disable")
+    parser.add_argument("--clip-grad", type=float, default=None, help="max grad norm, 0 for none; "
+                        + setting_help("clip_grad"))
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default=d.mixed_precision)
     parser.add_argument("--resume", default=None, help="an output dir (or its state/) to continue exactly")
@@ -117,7 +126,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise ValueError("--model-kwargs must be a JSON object")
     names = {f.name for f in fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in names}
-    values.update(model_kwargs=model_kwargs, clip_grad=args.clip_grad or None,
+    values.update(model_kwargs=model_kwargs,
                   arrow={field: getattr(args, flag) for flag, field in ARROW_FLAGS.items()},
                   motion={field: getattr(args, flag) for flag, field in MOTION_FLAGS.items()},
                   flush_denormals=not args.keep_denormals)
