@@ -19,6 +19,7 @@ from helpers import (
     rotation_2d,
     transform,
 )
+from timm.layers import resample_abs_pos_embed
 
 from pape_hub.encodings import EncodingContext, TokenPositions, create_encoding, grid_positions, list_encodings
 from pape_hub.encodings.alibi import alibi_slopes, assign_head_views, split_heads
@@ -91,6 +92,31 @@ def test_rope_scores_depend_on_offset_only(name):
 
         torch.testing.assert_close(score(a + t, b + t), score(a, b), rtol=1e-10, atol=1e-10)
         assert (score(a, b) - score(a, b + t)).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("name", ["rope_ape", "rope_mixed_ape"])
+def test_rope_with_a_table_is_rope_plus_a_learned_table_of_the_patch_cells(name):
+    """Naver's RoPE + APE: queries and keys rotate exactly as the plain encoding's; the tokens get a learned table
+    of the patch cells (CLS nothing), resampled bicubically at other grids as timm does a table without a CLS row."""
+    plain, enc = make_encoding(name.removesuffix("_ape")), make_encoding(name)
+    assert enc.mechanisms == ("tokens", "qk") and plain.mechanisms == ("qk",)
+    assert set(enc.state_dict()) == set(plain.state_dict()) | {"absolute.pos_embed"}
+    plain.load_state_dict({k: v for k, v in enc.state_dict().items() if not k.startswith("absolute.")})
+    q, k, x = random_qkx(1 + 20)
+    pos = grid_positions((4, 5), 1, dtype=torch.float64)
+    for layer in range(enc.ctx.depth):
+        for a, b in zip(transform(enc, layer, q, k, x, enc.prepare(pos)),
+                        transform(plain, layer, q, k, x, plain.prepare(pos))):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    table = enc.absolute.pos_embed  # (1, 20, D): cells only
+    assert table.shape == (1, 20, DIM)
+    added = enc.add_to_tokens(x, pos) - x
+    torch.testing.assert_close(added[:, 0], torch.zeros_like(added[:, 0]))
+    torch.testing.assert_close(added[:, 1:], table.expand(2, -1, -1))
+    bigger = grid_positions((6, 7), 1, dtype=torch.float64)
+    x_big = torch.zeros(1, 1 + 42, DIM, dtype=torch.float64)
+    expected = resample_abs_pos_embed(table, new_size=[6, 7], old_size=[4, 5], num_prefix_tokens=0)
+    torch.testing.assert_close(enc.add_to_tokens(x_big, bigger)[:, 1:], expected)
 
 
 def test_polar_rope_scores_depend_on_polar_offsets_only():
@@ -387,8 +413,8 @@ def test_position_interpolation_scales_to_training_range():
 
 def test_every_encoding_is_registered():
     assert set(list_encodings()) == {
-        "none", "ape", "sincos", "rope", "rope_mixed", "alibi", "lookhere", "pape", "pape_ri", "polar_rope",
-        "sape2", "sape2_ape", "liere8", "liere",
+        "none", "ape", "sincos", "rope", "rope_ape", "rope_mixed", "rope_mixed_ape", "alibi", "lookhere", "pape",
+        "pape_ri", "polar_rope", "sape2", "sape2_ape", "liere8", "liere",
     }
 
 

@@ -1,39 +1,49 @@
-"""timm's own ``tests/test_models.py`` (from the installed timm's sdist) run on every encoding's tiny image model
-(``vit_t4_*``), as a timm user's CI would. Every failure must be one the README lists with its reason; anything
-else fails here. Video models are left out: timm's suite feeds images to every model."""
+"""The host libraries' own model tests, fetched from the installed versions' sdists (``host_suites.py``), as their
+users' CI would run them on a new model: timm's ``tests/test_models.py`` on every encoding's tiny image model
+(``vit_t4_*``; video models are left out: timm's suite feeds images to every model), and transformers'
+``ModelTesterMixin`` / ``ConfigTester``. Every failure must be one the README lists with its reason."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
-
 import pytest
-from host_suites import fetch_suite
-
-#: (test, reason) of the failures that are by design, each listed in the README
-EXPECTED_TIMM_FAILURES = {
-    "test_model_forward_torchscript": "TorchScript: positions are a dataclass and each encoding keeps Python state",
-    "test_model_forward_fx_torchscript": "TorchScript of the FX graph: the same",
-}
-
-CONFTEST = '''def pytest_configure(config):
-    import pape_hub  # noqa: F401 - registers the models before test_models.py lists them
-'''
+from host_suites import (
+    EXPECTED_TIMM_FAILURES,
+    expected_transformers_failure,
+    run_timm_suite,
+    run_transformers_suite,
+    transformers_test_classes,
+)
 
 
 def test_timm_model_suite_on_every_encoding(tmp_path):
     try:
-        suite = fetch_suite("timm", ["tests/test_models.py"])
+        passed, failed, out = run_timm_suite(tmp_path)
     except RuntimeError as err:
         pytest.skip(str(err))
-    (tmp_path / "test_models.py").write_text((suite / "tests" / "test_models.py").read_text())
-    (tmp_path / "conftest.py").write_text(CONFTEST)
-    done = subprocess.run([sys.executable, "-m", "pytest", "test_models.py", "-k", "vit_t4_", "-q", "-rf",
-                           "-p", "no:cacheprovider", "-W", "ignore"], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=1200)
-    failed = re.findall(r"^FAILED test_models.py::(\w+)\[[^\]]*?(vit_t4_\w+)\]", done.stdout, flags=re.MULTILINE)
-    passed = int((re.search(r"(\d+) passed", done.stdout) or [0, 0])[1])
     unexpected = sorted({f"{test}[{name}]" for test, name in failed if test not in EXPECTED_TIMM_FAILURES})
-    assert passed >= 60 and not unexpected, done.stdout[-4000:]
+    assert passed >= 60 and not unexpected, out[-4000:]
     assert {name for _, name in failed} <= {f"vit_t4_{e}" for e in __import__("pape_hub").list_encodings()}
+
+
+ENCODING_TESTS = [  # the tests where an encoding's own code takes part (every other encoding runs these)
+    "test_config", "test_model", "test_save_load", "test_determinism", "test_batching_equivalence", "test_training",
+    "test_training_gradient_checkpointing_use_reentrant_true", "test_attention_outputs", "test_hidden_states_output",
+    "test_init_weights_can_init_buffers", "test_can_be_initialized_on_meta",
+]
+
+
+def test_transformers_model_suite_on_every_encoding(tmp_path):
+    """transformers' own model tests, as a transformers user's CI would run them on a new model: the whole mixin on
+    the PaPE image model (every hook: tokens, augmented q/k, per-layer state); the encoding-dependent tests on the
+    PaPE video model and every other encoding's image model. ``scripts/host_suites.py`` runs the whole mixin on
+    every encoding, image and video (about 30 minutes on 2 cores)."""
+    try:
+        classes = transformers_test_classes()
+        selection = ["PapeViT_pape_ModelTest"] + [f"{c}::{t}" for c in classes if c != "PapeViT_pape_ModelTest"
+                                                  and (c.startswith("PapeViT_") or c == "PapeViViT_pape_ModelTest")
+                                                  for t in ENCODING_TESTS]
+        passed, failed, out = run_transformers_suite(tmp_path, selection)
+    except RuntimeError as err:
+        pytest.skip(str(err))
+    unexpected = sorted(f for f in failed if not expected_transformers_failure(f))
+    assert passed >= 250 and not unexpected, out[-4000:]

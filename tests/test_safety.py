@@ -95,6 +95,8 @@ POSITION_PARAMETERS = {
     "ape": {"pos_encoding.pos_embed"}, "rope_mixed": {"pos_encoding.freqs"}, "pape": {"pos_encoding.position_proj"},
     "sape2": {"pos_encoding.pos_emb"}, "sape2_ape": {"pos_encoding.pos_emb", "pos_encoding.absolute.pos_embed"},
     "liere8": {"pos_encoding.generators"}, "liere": {"pos_encoding.generators"},
+    "rope_ape": {"pos_encoding.absolute.pos_embed"},
+    "rope_mixed_ape": {"pos_encoding.freqs", "pos_encoding.absolute.pos_embed"},
 }
 
 

@@ -9,7 +9,7 @@ from torch import nn
 from .base import EncodingContext, PositionEncoding, TokenPositions
 from .registry import register_encoding
 
-__all__ = ["LearnedAbsolute", "NoPosition", "SinCos", "resample_table", "sincos_embedding"]
+__all__ = ["AddsLearnedTable", "LearnedAbsolute", "NoPosition", "SinCos", "resample_table", "sincos_embedding"]
 
 
 def resample_table(table: torch.Tensor, new_grid: tuple[int, ...], old_grid: tuple[int, ...], num_prefix: int
@@ -43,20 +43,23 @@ class LearnedAbsolute(PositionEncoding):
 
     Other grids resample the table: bicubically for images (timm's ``resample_abs_pos_embed``), trilinearly over
     (t, h, w) for video (:func:`resample_table`). This is always an interpolation, so the ``position interpolation``
-    option changes nothing for APE. CLS has its own learned slot, as in timm's ViT.
+    option changes nothing for APE. CLS has its own learned slot, as in timm's ViT; with ``prefix_slots=False`` the
+    table holds the patch cells only and prefix tokens get nothing (timm's ``no_embed_class``, e.g. Naver's
+    RoPE + APE models).
     """
 
     mechanisms = ("tokens",)
     supported_ndims = (2, 3)
     paper = "ViT (Dosovitskiy et al. 2020)"
 
-    def __init__(self, ctx: EncodingContext, init_std: float = 0.02) -> None:
+    def __init__(self, ctx: EncodingContext, init_std: float = 0.02, prefix_slots: bool = True) -> None:
         super().__init__(ctx)
         num_patches = 1
         for n in ctx.grid_size:
             num_patches *= n
         self.init_std = init_std
-        self.pos_embed = nn.Parameter(torch.zeros(1, ctx.num_prefix_tokens + num_patches, ctx.dim))
+        self.table_prefix = ctx.num_prefix_tokens if prefix_slots else 0  # prefix rows the table holds
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.table_prefix + num_patches, ctx.dim))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -64,16 +67,38 @@ class LearnedAbsolute(PositionEncoding):
 
     def add_to_tokens(self, x: torch.Tensor, pos: TokenPositions) -> torch.Tensor:
         grid = self.require_grid(pos, "ape")
-        table = resample_table(self.pos_embed, grid, self.ctx.grid_size, self.ctx.num_prefix_tokens)
+        table = resample_table(self.pos_embed, grid, self.ctx.grid_size, self.table_prefix)
+        if self.table_prefix != self.ctx.num_prefix_tokens:  # (1, N, D) -> (1, P+N, D): zero rows for the prefix
+            table = nn.functional.pad(table, (0, 0, self.ctx.num_prefix_tokens - self.table_prefix, 0))
         return x + table.to(x.dtype)
 
     def set_grid_size(self, grid_size: tuple[int, ...], old_grid_size: tuple[int, ...]) -> None:
-        resampled = resample_table(self.pos_embed.data, grid_size, old_grid_size, self.ctx.num_prefix_tokens)
+        resampled = resample_table(self.pos_embed.data, grid_size, old_grid_size, self.table_prefix)
         self.pos_embed = nn.Parameter(resampled, requires_grad=self.pos_embed.requires_grad)
         super().set_grid_size(grid_size, old_grid_size)
 
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed"}
+
+
+class AddsLearnedTable:
+    """Mixin of an encoding that can also add a learned absolute table to the tokens (``with_ape``): the table is
+    the child encoding ``absolute`` (state-dict key ``absolute.pos_embed``), listed first among the mechanisms."""
+
+    absolute: LearnedAbsolute | None
+    mechanisms: tuple[str, ...]
+
+    def add_learned_table(self, ctx: EncodingContext, with_ape: bool, prefix_slots: bool = True) -> None:
+        self.absolute = LearnedAbsolute(ctx, prefix_slots=prefix_slots) if with_ape else None
+        if with_ape:
+            self.mechanisms = ("tokens", *type(self).mechanisms)
+
+    def add_to_tokens(self, x: torch.Tensor, pos: TokenPositions) -> torch.Tensor:
+        return self.absolute.add_to_tokens(x, pos) if self.absolute is not None else x
+
+    def table_no_weight_decay(self) -> set[str]:
+        """The table is a position parameter: no weight decay."""
+        return {"absolute.pos_embed"} if self.absolute is not None else set()
 
 
 def sincos_embedding(coords: torch.Tensor, dim: int, temperature: float = 10000.0) -> torch.Tensor:

@@ -1,9 +1,10 @@
 """Rotary encodings: queries and keys are rotated pairwise by position-dependent angles.
 
 Shared by axial RoPE, RoPE-Mixed and Polar RoPE: each defines only its phases, shape
-(L, H, N, head_dim / 2) with L in {1, depth} and H in {1, heads}. Pairs are interleaved (dims 2i, 2i+1),
-LLaMA style, as in naver-ai/rope-vit. Prefix tokens (CLS) are never rotated. Phases and the rotation are
-computed in float32 whatever the autocast dtype.
+(L, H, N, head_dim / 2) with L in {1, depth} and H in {1, heads}. ``with_ape`` adds a learned absolute table of
+the patch cells to the tokens as well (none for CLS; Naver's ``*_ape`` models: ``rope_ape``, ``rope_mixed_ape``).
+Pairs are interleaved (dims 2i, 2i+1), LLaMA style, as in naver-ai/rope-vit. Prefix tokens (CLS) are never
+rotated. Phases and the rotation are computed in float32 whatever the autocast dtype.
 
 Once per forward the phases become two full-width tables over every token: ``cos`` repeated per pair and
 ``sin`` with the pair's signs, ``(-sin, +sin)``, prefix rows 1 and 0 (no rotation). A layer then rotates queries
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .absolute import AddsLearnedTable
 from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype, full_precision
 from .registry import register_encoding
 
@@ -41,17 +43,22 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.addcmul(x * cos, swapped, sin)
 
 
-class RotaryEncoding(PositionEncoding):
-    """Base of the RoPE family: subclasses implement :meth:`phases`."""
+class RotaryEncoding(AddsLearnedTable, PositionEncoding):
+    """Base of the RoPE family: subclasses implement :meth:`phases`; ``with_ape`` also adds a learned table of the
+    patch cells (no CLS row) to the tokens."""
 
     mechanisms = ("qk",)
     #: phases depend on learned parameters (so they are cached only where no gradient flows)
     learned_phases = False
 
-    def __init__(self, ctx: EncodingContext) -> None:
+    def __init__(self, ctx: EncodingContext, with_ape: bool = False) -> None:
         super().__init__(ctx)
         if ctx.head_dim % 2:
             raise ValueError(f"{self.name} needs an even head dim, got {ctx.head_dim}")
+        self.add_learned_table(ctx, with_ape, prefix_slots=False)
+
+    def no_weight_decay(self) -> set[str]:
+        return self.table_no_weight_decay()
 
     def phases(self, pos: TokenPositions) -> torch.Tensor:
         """(L, H, N, head_dim / 2) rotation angles in float32."""
@@ -77,6 +84,7 @@ def axial_frequencies(head_dim: int, ndim: int, theta: float) -> torch.Tensor:
     return 1.0 / theta ** (torch.arange(0, head_dim, step, dtype=torch.float32)[: head_dim // step] / head_dim)
 
 
+@register_encoding("rope_ape", with_ape=True)
 @register_encoding("rope")
 class AxialRoPE(RotaryEncoding):
     """Axial RoPE (Su et al.; VisionLLaMA; rope-vit's ``compute_axial_cis``).
@@ -89,8 +97,8 @@ class AxialRoPE(RotaryEncoding):
 
     paper = "RoPE (Su et al. 2024), axial (Chu et al. 2024; Heo et al. 2024)"
 
-    def __init__(self, ctx: EncodingContext, theta: float = 100.0) -> None:
-        super().__init__(ctx)
+    def __init__(self, ctx: EncodingContext, theta: float = 100.0, with_ape: bool = False) -> None:
+        super().__init__(ctx, with_ape)
         self.theta = theta
         self.register_buffer("freqs", torch.empty(ctx.head_dim // (2 * ctx.ndim)))
         self.reset_parameters()
@@ -119,6 +127,7 @@ def random_orthonormal_directions(depth: int, heads: int, p: int) -> torch.Tenso
     return q * torch.diagonal(r, dim1=-2, dim2=-1).sign()[..., None, :]
 
 
+@register_encoding("rope_mixed_ape", with_ape=True)
 @register_encoding("rope_mixed")
 class RoPEMixed(RotaryEncoding):
     """RoPE-Mixed (Heo et al. 2024): learned p-D frequency vectors per layer, head and pair.
@@ -135,8 +144,8 @@ class RoPEMixed(RotaryEncoding):
     supported_ndims = (2, 3)
     learned_phases = True
 
-    def __init__(self, ctx: EncodingContext, theta: float = 10.0) -> None:
-        super().__init__(ctx)
+    def __init__(self, ctx: EncodingContext, theta: float = 10.0, with_ape: bool = False) -> None:
+        super().__init__(ctx, with_ape)
         self.theta = theta
         self.freqs = nn.Parameter(torch.empty(ctx.depth, ctx.num_heads, ctx.ndim, ctx.head_dim // 2))
         self.reset_parameters()
@@ -154,7 +163,7 @@ class RoPEMixed(RotaryEncoding):
         return torch.einsum("np,lhpk->lhnk", pos.coords.to(dtype), self.freqs.to(dtype))
 
     def no_weight_decay(self) -> set[str]:
-        return {"freqs"}
+        return {"freqs"} | super().no_weight_decay()
 
 
 @register_encoding("polar_rope")

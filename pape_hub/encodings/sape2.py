@@ -28,7 +28,7 @@ import torch
 from timm.layers import trunc_normal_
 from torch import nn
 
-from .absolute import LearnedAbsolute
+from .absolute import AddsLearnedTable
 from .base import EncodingContext, PositionEncoding, TokenPositions, pad_prefix_bias
 from .registry import register_encoding
 
@@ -66,7 +66,7 @@ def pairwise_l2(x: torch.Tensor) -> torch.Tensor:
 
 @register_encoding("sape2_ape", with_ape=True)
 @register_encoding("sape2")
-class SaPE2(PositionEncoding):
+class SaPE2(AddsLearnedTable, PositionEncoding):
     """SaPE^2 (key mode by default), optionally with a learned absolute embedding; ``table_std`` is the std of the
     position-logit tables' init (default 0.02, the paper's)."""
 
@@ -88,9 +88,7 @@ class SaPE2(PositionEncoding):
         # (depth, axis x/y(/t), head_dim, npos), shared by the heads of a layer as in the reference
         self.pos_emb = nn.Parameter(torch.zeros(ctx.depth, ctx.ndim, ctx.head_dim, self.num_positions))
         self.reset_parameters()
-        self.absolute = LearnedAbsolute(ctx) if with_ape else None
-        if with_ape:
-            self.mechanisms = ("tokens", "bias")
+        self.add_learned_table(ctx, with_ape)
 
     def reset_parameters(self) -> None:
         """The position-logit tables: truncated normal (cut at +-2, as the reference's ``trunc_normal_``), std
@@ -99,12 +97,9 @@ class SaPE2(PositionEncoding):
         changes)."""
         trunc_normal_(self.pos_emb, std=self.table_std)
 
-    def add_to_tokens(self, x: torch.Tensor, pos: TokenPositions) -> torch.Tensor:
-        return self.absolute.add_to_tokens(x, pos) if self.absolute is not None else x
-
     def no_weight_decay(self) -> set[str]:
         """The position-logit tables (and APE's table) are position parameters: no weight decay."""
-        return {"pos_emb"} | ({"absolute.pos_embed"} if self.absolute is not None else set())
+        return {"pos_emb"} | self.table_no_weight_decay()
 
     def prepare(self, pos: TokenPositions) -> tuple[int, ...]:
         return self.require_grid(pos, "sape2")

@@ -25,7 +25,8 @@ class PapeViTConfig(PreTrainedConfig):
     layer_norm_eps (`float`): every LayerNorm's epsilon (1e-6 as timm's ViT; 1e-5 for ``nn.LayerNorm`` sources).
     layerscale_value (`float`, *optional*): LayerScale's initial gain (DeiT-III, Eva); None: no LayerScale.
     timm_architecture (`str`, *optional*): the registered timm name this configuration was made from.
-    image_mean, image_std: the normalisation the model was trained with (for the image processor and timm).
+    image_mean, image_std: the normalisation the model was trained with (for the image processor and timm), per
+        channel or one number for all.
     """
 
     model_type = "pape_vit"
@@ -53,8 +54,16 @@ class PapeViTConfig(PreTrainedConfig):
     position_encoding_kwargs: dict[str, Any] | None = None
     position_interpolation: bool = False
     timm_architecture: str | None = None
-    image_mean: list[float] | tuple[float, ...] = (0.485, 0.456, 0.406)
-    image_std: list[float] | tuple[float, ...] = (0.229, 0.224, 0.225)
+    image_mean: float | list[float] | tuple[float, ...] = (0.485, 0.456, 0.406)
+    image_std: float | list[float] | tuple[float, ...] = (0.229, 0.224, 0.225)
+
+    def normalisation(self) -> tuple[list[float], list[float]]:
+        """(mean, std), one value per channel; a single number (as transformers' image processors accept) is the
+        same for every channel."""
+        def per_channel(value: Any) -> list[float]:
+            return [float(value)] * self.num_channels if isinstance(value, (int, float)) else [float(v) for v in value]
+
+        return per_channel(self.image_mean), per_channel(self.image_std)
 
     def timm_name(self) -> str:
         """The timm entry point that builds this model. Any registered name of the same encoding does, since

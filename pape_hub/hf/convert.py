@@ -78,8 +78,8 @@ def transformers_to_timm(model: PapeViTForImageClassification | PapeViTModel, **
 def video_processor_for(config: PapeViViTConfig) -> PapeViViTVideoProcessor:
     """Resize every frame to the model's resolution, rescale to [0, 1], normalise with the model's mean and std."""
     size = config.image_size
-    return PapeViViTVideoProcessor(size={"height": size, "width": size}, image_mean=list(config.image_mean),
-                                   image_std=list(config.image_std))
+    mean, std = config.normalisation()
+    return PapeViViTVideoProcessor(size={"height": size, "width": size}, image_mean=mean, image_std=std)
 
 
 def processor_for(config: PapeViTConfig) -> PapeViTImageProcessor | PapeViViTVideoProcessor:
@@ -90,8 +90,9 @@ def processor_for(config: PapeViTConfig) -> PapeViTImageProcessor | PapeViViTVid
 def image_processor_for(config: PapeViTConfig) -> PapeViTImageProcessor:
     """Resize to the model's resolution, rescale to [0, 1], normalise with the model's mean and std."""
     size = config.image_size
-    return PapeViTImageProcessor(size={"height": size, "width": size}, image_mean=list(config.image_mean),
-                                 image_std=list(config.image_std), resample=3)  # 3 = bicubic, as timm
+    mean, std = config.normalisation()
+    return PapeViTImageProcessor(size={"height": size, "width": size}, image_mean=mean, image_std=std,
+                                 resample=3)  # 3 = bicubic, as timm
 
 
 

@@ -12,10 +12,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import TreeSpec, tree_unflatten
 from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 
+from ..encodings.base import PositionEncoding
 from ..layers.attention import PositionalBlock
 from ..models.vit import VisionTransformer, init_module
 from .configuration_pape_vit import PapeViTConfig
@@ -35,7 +37,15 @@ AUTO_MAP = {
 
 class PapeViTLayer(GradientCheckpointingLayer, PositionalBlock):
     """The core's block under transformers' checkpointing convention: ``gradient_checkpointing_enable(
-    gradient_checkpointing_kwargs={"use_reentrant": False})`` reaches it. Same parameters as the core's block."""
+    gradient_checkpointing_kwargs={"use_reentrant": ...})`` reaches it. Same parameters as the core's block; the
+    encoding's state comes flattened (the core's ``run_blocks`` passes each tensor positionally, which reentrant
+    checkpointing needs to send gradients back into the state)."""
+
+    def forward(self, x: torch.Tensor, encoding: PositionEncoding, state_spec: TreeSpec,
+                output_attentions: bool = False, fused: bool = True, *state_leaves: Any
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        state = tree_unflatten(list(state_leaves), state_spec)
+        return PositionalBlock.forward(self, x, encoding, state, output_attentions, fused)
 
 
 class PapeViTPreTrainedModel(PreTrainedModel):
@@ -51,6 +61,10 @@ class PapeViTPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _no_split_modules = ["PapeViTLayer", "PositionalBlock"]
+
+    def get_input_embeddings(self) -> nn.Module:
+        """The patch (video: tubelet) embedding, as transformers' ViT returns its patch embeddings."""
+        return self.vit.patch_embed
 
     def _init_weights(self, module: nn.Module) -> None:
         """The core's own init (:func:`~pape_hub.models.vit.init_module`), so both faces initialise alike, also
@@ -132,9 +146,10 @@ def timm_fields(config: PapeViTConfig, vit: VisionTransformer) -> dict[str, Any]
     size = config.image_size
     if hasattr(config, "num_frames"):
         args["num_frames"] = vit.patch_embed.num_frames
+    mean, std = config.normalisation()
     pretrained_cfg = dict(
         architecture=architecture, input_size=[config.num_channels, size, size], num_classes=num_classes,
-        mean=list(config.image_mean), std=list(config.image_std), interpolation="bicubic", crop_pct=1.0,
+        mean=mean, std=std, interpolation="bicubic", crop_pct=1.0,
         first_conv="patch_embed.proj", classifier="head", fixed_input_size=False,
     )
     fields = dict(architecture=architecture, model_args=args, num_classes=num_classes, pretrained_cfg=pretrained_cfg,

@@ -17,7 +17,8 @@ Layouts (facts measured against each source built by its own code: ``../shared/p
   ``blocks.i.ls{1,2}.gamma`` (same keys as ours).
 - ``timm_eva`` (timm's ``Eva``: NaverLabs rope-vit): ``blocks.i.gamma_{1,2}`` are our ``ls{1,2}.gamma``; RoPE-Mixed's
   ``rope.freqs`` is (2 [x, y], depth, heads, head_dim/2), ours (depth, heads, 2, head_dim/2); axial RoPE's fixed
-  buffers are recomputed, not loaded.
+  buffers are recomputed, not loaded; the ``*_ape`` models' ``pos_embed`` (patch cells only) is our
+  ``absolute.pos_embed``.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _sources() -> dict[str, Source]:
             add(size, "ape", f"fb_deit3_{tag.removeprefix('fb_')}", f"{deit3}.{tag}", "DeiT III (Touvron et al. 2022)",
                 init_values=1e-6)
         add(size, "ape", "mae", f"{vit}.mae", "MAE (He et al. 2022), encoder")
-        for encoding in ("rope", "rope_mixed"):
+        for encoding in ("rope", "rope_mixed", "rope_ape", "rope_mixed_ape"):
             add(size, encoding, "naver_in1k", f"vit_{timm_size}_patch16_{encoding}_224.naver_in1k",
                 "Rotary Position Embedding for Vision Transformer (Heo et al. 2024)", init_values=1e-5)
     return rows
@@ -159,12 +160,11 @@ def _split(state: dict[str, torch.Tensor], layout: str) -> tuple[dict[str, torch
     return backbone, positional
 
 
-def fit_table(table: torch.Tensor, model: nn.Module) -> torch.Tensor:
-    """A learned table (1, P' + N', D) of a square grid -> the model's (1, P + N, D): prefix rows kept, or zero
-    when the source has none (DeiT-III, Naver ``*_ape``: CLS gets no position vector, and adding zero is that);
-    cells resampled bicubically to the model's grid."""
-    encoding = model.pos_encoding
-    num_prefix, grid = encoding.ctx.num_prefix_tokens, tuple(encoding.ctx.grid_size)
+def fit_table(table: torch.Tensor, own: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
+    """A learned table (1, P' + N', D) of a square grid -> the shape of the model's table ``own``, (1, P + N, D) at
+    ``grid``: prefix rows kept, dropped, or zero where the source has none (DeiT-III, Naver ``*_ape``: CLS gets no
+    position vector, and adding zero is that); cells resampled bicubically to the model's grid."""
+    num_prefix = own.shape[1] - math.prod(grid)
     rows = table.shape[1]
     side = math.isqrt(rows)
     source_prefix = rows - side * side
@@ -179,9 +179,10 @@ def _place(source_key: str, value: torch.Tensor, model: nn.Module) -> tuple[str,
     thing (another encoding: the tensor is left out)."""
     encoding = model.pos_encoding
     own = dict(encoding.named_parameters())
-    if source_key == "pos_embed" and "pos_embed" in own:
-        return "pos_encoding.pos_embed", fit_table(value, model)
-    if source_key == "rope.freqs" and encoding.name == "rope_mixed" and value.ndim == 4:
+    table = next((name for name in ("pos_embed", "absolute.pos_embed") if name in own), None)
+    if source_key == "pos_embed" and table is not None:
+        return f"pos_encoding.{table}", fit_table(value, own[table], tuple(encoding.ctx.grid_size))
+    if source_key == "rope.freqs" and encoding.name.startswith("rope_mixed") and value.ndim == 4:
         return "pos_encoding.freqs", value.permute(1, 2, 0, 3)  # (2, L, H, K) -> (L, H, 2, K)
     return None
 

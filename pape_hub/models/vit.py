@@ -15,6 +15,7 @@ import torch
 from timm.layers import LayerNorm, LayerScale, PatchEmbed, global_pool_nlc, register_notrace_function, trunc_normal_
 from timm.models import checkpoint
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 from ..encodings.base import EncodingContext, PositionEncoding, TokenPositions, grid_positions
 from ..encodings.catalog import check_encoding_kwargs, create_encoding
@@ -267,9 +268,13 @@ class VisionTransformer(nn.Module):
         hidden, attentions = [], []
         blocks = self.blocks if stop_after is None else self.blocks[: stop_after + 1]
         for i, block in enumerate(blocks):
-            # a block that checkpoints itself (transformers' GradientCheckpointingLayer) is called plainly
-            own = getattr(block, "gradient_checkpointing", None) is not None
-            if self.grad_checkpointing and self.training and not own and not torch.jit.is_scripting():
+            if getattr(block, "gradient_checkpointing", None) is not None:
+                # a block that checkpoints itself (transformers' GradientCheckpointingLayer): its reentrant mode
+                # treats only positional tensors as inputs, so the encoding's state (tensors every layer shares,
+                # with gradients into the encoding's parameters) travels flattened, one positional leaf each
+                leaves, spec = tree_flatten(state)
+                x, probs = block(x, self.pos_encoding, spec, output_attentions, fused, *leaves)
+            elif self.grad_checkpointing and self.training and not torch.jit.is_scripting():
                 x, probs = checkpoint(block, x, self.pos_encoding, state, output_attentions, fused)
             else:
                 x, probs = block(x, self.pos_encoding, state, output_attentions, fused)
