@@ -168,15 +168,16 @@ def git_commit() -> str:
         return "unknown"
 
 
-def provenance(kind: str, argv: list[str] | None = None) -> dict[str, Any]:
-    """What a results file records about the run that wrote it."""
+def provenance(kind: str, argv: list[str] | None = None, command: str | None = None) -> dict[str, Any]:
+    """What a results file records about the run that wrote it (``command``: a script's own command line, else
+    ``pape-hub`` with ``argv``)."""
     import timm
     import torch
 
     values = behaviour(kind)
     return dict(kind=kind, behaviour_fingerprint=behaviour_digest(values), behaviour=encode_behaviour(values),
                 commit=git_commit(),
-                command="pape-hub " + " ".join(argv if argv is not None else sys.argv[1:]),
+                command=command or "pape-hub " + " ".join(argv if argv is not None else sys.argv[1:]),
                 date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), python=platform.python_version(),
                 torch=torch.__version__, timm=timm.__version__, machine=f"{platform.machine()}, "
                 f"{torch.get_num_threads()} torch threads", cpu=cpu_description())

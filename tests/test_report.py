@@ -88,3 +88,21 @@ def test_a_new_probe_keeps_earlier_results_current():
     assert behaviour_differences(recorded, {"vit/ape": [1.0, 2.0], "vit/new": [3.0]}) == []
     assert behaviour_differences({**recorded, "vit/gone": [1.0]}, recorded) == ["vit/gone: no longer probed"]
     assert len(behaviour_differences(recorded, {"vit/ape": [1.0, 2.1], "vit/new": [3.0]})) == 1
+
+
+def test_startup_bench_writes_medians_ratios_and_goals(tmp_path, monkeypatch):
+    """`pape-hub bench --startup` (fast stand-in commands here): medians, the ratio to `import timm`, the goals."""
+    import argparse
+
+    from pape_hub.commands import bench
+    from pape_hub.commands.report import startup_block
+
+    monkeypatch.setattr(bench, "STARTUP", {"import timm": ["-c", "pass"], "import pape_hub": ["-c", "pass"],
+                                           "pape-hub --help": ["-c", "pass"]})
+    output = tmp_path / "bench_startup_cpu.json"
+    assert bench.startup(argparse.Namespace(repeats=2, output=str(output))) == 0
+    data = json.loads(output.read_text())
+    assert set(data["rows"]) == {"import timm", "import pape_hub", "pape-hub --help"}
+    assert all(len(row["runs_s"]) == 2 and row["median_s"] > 0 for row in data["rows"].values())
+    assert data["rows"]["pape-hub --help"]["goal"] == "< 1 s" and data["rows"]["import timm"]["goal"] is None
+    assert "| `import pape_hub` |" in startup_block(tmp_path, "bench_startup_cpu.json")

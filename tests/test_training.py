@@ -202,3 +202,20 @@ def test_cpu_training_flushes_subnormal_floats(tmp_path):
     train(arrow_config(tmp_path, epochs=1, train_size=64))
     assert (torch.tensor([1e-39]) * 1.0).item() == 0.0
     torch.set_flush_denormal(False)
+
+
+def test_digits_take_their_input_setting_unless_given():
+    """`pape-hub train --dataset digits` (the obvious first try) shows 8x8 grey digits as the README's table does;
+    anything given explicitly wins."""
+    import argparse
+
+    from pape_hub.commands.train import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cfg = config_from_args(parser.parse_args(["--dataset", "digits", "--model", "vit_t4_pape"]))
+    assert (cfg.img_size, cfg.aug, cfg.model_kwargs) == (16, "none", {"patch_size": 2, "in_chans": 1})
+    given = config_from_args(parser.parse_args(["--dataset", "digits", "--img-size", "24", "--aug", "light",
+                                                "--model-kwargs", '{"patch_size": 4}']))
+    assert (given.img_size, given.aug, given.model_kwargs) == (24, "light", {"patch_size": 4, "in_chans": 1})
+    assert config_from_args(parser.parse_args([])).img_size is None  # other datasets: untouched

@@ -5,6 +5,9 @@ For each size and resolution the baselines (timm's ``vit_{size}_patch16_224`` wi
 rounds (one call of every model per round), and the medians are compared. Inference is
 ``torch.inference_mode``; a training step is forward + cross-entropy + backward + AdamW step. It records which
 SDPA kernel each model ran and fails if an encoding that should be fused fell back to the math kernel.
+
+``--startup`` times start-up instead: ``import pape_hub`` against ``import timm`` and the commands' ``--help``, each
+in a fresh interpreter (``pape-hub bench --startup --output results/bench_startup_cpu.json``).
 """
 
 from __future__ import annotations
@@ -60,6 +63,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on CPU, keep subnormal floats (by default flushed to zero, as pape-hub train does)")
     parser.add_argument("--output", default="outputs/bench/bench.json",
                         help="the results JSON (a PNG plot is written beside it)")
+    parser.add_argument("--startup", action="store_true",
+                        help="time start-up instead: `import pape_hub` against `import timm`, and `--help` of the "
+                        "commands, each in a fresh interpreter (medians of --repeats interleaved rounds)")
+
+
+#: start-up commands timed by ``--startup``: label -> argv after the interpreter (``import timm`` is the baseline)
+STARTUP = {
+    "import timm": ["-c", "import timm"],
+    "import pape_hub": ["-c", "import pape_hub"],
+    "pape-hub --help": ["-m", "pape_hub_cli", "--help"],
+    "pape-hub train --help": ["-m", "pape_hub_cli", "train", "--help"],
+    "pape-hub eval --help": ["-m", "pape_hub_cli", "eval", "--help"],
+}
+
+
+def startup(args: argparse.Namespace) -> int:
+    """Wall time of each :data:`STARTUP` command in a fresh interpreter, interleaved rounds, medians; the goal of
+    the first-hour issue: ``import pape_hub`` within 1.5x ``import timm``, every ``--help`` under a second."""
+    import subprocess
+    import sys
+
+    def call(argv: list[str]) -> Callable[[], Any]:
+        return lambda: subprocess.run([sys.executable, *argv], check=True, capture_output=True)
+
+    times = interleaved({k: call(v) for k, v in STARTUP.items()}, args.repeats, 1, lambda: None)
+    rows = {k: dict(median_s=round(statistics.median(v), 3), runs_s=[round(t, 3) for t in v]) for k, v in times.items()}
+    base = rows["import timm"]["median_s"]
+    for key, row in rows.items():
+        row["x_timm"] = round(row["median_s"] / base, 3)
+        row["goal"] = "<= 1.5 x import timm" if key == "import pape_hub" else "< 1 s" if "help" in key else None
+        row["met"] = (row["x_timm"] <= 1.5 if key == "import pape_hub" else row["median_s"] < 1.0) \
+            if row["goal"] else None
+    report = dict(provenance=provenance("bench"), kind="startup", repeats=args.repeats, python=sys.version.split()[0],
+                  device=f"{platform.processor() or platform.machine()} CPU", rows=rows)
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2))
+    for key, row in rows.items():
+        print(f"{key:<24} {row['median_s']:6.2f} s  {row['x_timm']:5.2f} x import timm"
+              + (f"  goal {row['goal']}: {'met' if row['met'] else 'missed'}" if row["goal"] else ""))
+    print(f"wrote {output}")
+    return 0
 
 
 def build_models(size: str, res: int, encodings: list[str], device: torch.device) -> dict[str, torch.nn.Module]:
@@ -114,6 +159,8 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int, sy
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.startup:
+        return startup(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else

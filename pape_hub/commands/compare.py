@@ -27,12 +27,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..data import DIGITS_INPUT
+
 SMALL_VIT = dict(embed_dim=96, depth=4, num_heads=4, global_pool="avg", class_token=False)
 #: dataset -> model, recipe and evaluation defaults (``clips``: a video sweep, ``resolutions``: an image sweep)
 PRESETS: dict[str, dict[str, Any]] = {
-    "digits": dict(model="vit_t4_{encoding}", model_kwargs=dict(SMALL_VIT, patch_size=2, in_chans=1), img_size=16,
-                   resolutions=[16, 24, 32], epochs=30, batch_size=64, lr=1e-3, warmup_epochs=3, weight_decay=0.05,
-                   label_smoothing=0.1, drop_path=0.1, aug="none", results_dir="results/digits"),
+    "digits": dict(model="vit_t4_{encoding}", model_kwargs=dict(SMALL_VIT, **DIGITS_INPUT["model_kwargs"]),
+                   img_size=DIGITS_INPUT["img_size"], resolutions=[16, 24, 32], epochs=30, batch_size=64, lr=1e-3,
+                   warmup_epochs=3, weight_decay=0.05, label_smoothing=0.1, drop_path=0.1, aug=DIGITS_INPUT["aug"],
+                   results_dir="results/digits"),
     "motion": dict(model="vivit_t16_{encoding}", model_kwargs=dict(SMALL_VIT, tubelet_size=[2, 8, 8]), img_size=None,
                    clips=["6x5", "6x7", "10x5"], epochs=5, train_size=4096, eval_size=1000, batch_size=64, lr=1e-3,
                    warmup_epochs=1, weight_decay=0.05, label_smoothing=0.0, drop_path=0.0, aug="none",

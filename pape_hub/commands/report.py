@@ -118,6 +118,20 @@ def profile_block(results: Path, name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def startup_block(results: Path, name: str) -> str:
+    data = load(results, name)
+    if data is None:
+        return f"_Not measured yet: `results/{name}` is missing._\n"
+    lines = ["| command | median wall time | × `import timm` | goal |", "|---|---|---|---|"]
+    for key, row in data["rows"].items():
+        goal = f"{row['goal']}: {'met' if row['met'] else '**missed**'}" if row["goal"] else "baseline" \
+            if key == "import timm" else ""
+        lines.append(f"| `{key}` | {row['median_s']:.2f} s | {row['x_timm']:.2f} | {goal} |")
+    lines += ["", f"Each in a fresh interpreter (Python {data['python']}), medians of {data['repeats']} interleaved "
+              f"rounds, {data['device']}. {provenance_line(data)}"]
+    return "\n".join(lines) + "\n"
+
+
 def encodings_block(results: Path) -> str:
     from .zoo import encoding_rows
 
@@ -245,6 +259,7 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "bench_b16_224": ("bench", lambda r: bench_block(r, "bench_vit_b16_224_cpu.json")),
     "bench_b16_448": ("bench", lambda r: bench_block(r, "bench_vit_b16_448_cpu.json")),
     "profile": ("profile", lambda r: profile_block(r, "profile_vit_b16_224_cpu.json")),
+    "startup": ("bench", lambda r: startup_block(r, "bench_startup_cpu.json")),
 }
 
 

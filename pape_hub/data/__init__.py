@@ -34,13 +34,16 @@ from .video import (
 )
 
 __all__ = [
-    "ARROW_TEST_SEED", "ARROW_VAL_SEED", "DATASET_SPECS", "VIDEO_SPECS", "ArrowConfig", "ArrowDataset", "DataBundle",
-    "MotionConfig", "MotionDataset", "TransformedDataset", "VideoTransform", "arrow_statistics", "build_data",
-    "channel_statistics", "describe_spec", "is_video_spec", "motion_statistics", "paper_setting", "read_video",
-    "stratified_split",
+    "ARROW_TEST_SEED", "ARROW_VAL_SEED", "DATASET_SPECS", "DIGITS_INPUT", "VIDEO_SPECS", "ArrowConfig", "ArrowDataset",
+    "DataBundle", "MotionConfig", "MotionDataset", "TransformedDataset", "VideoTransform", "arrow_statistics",
+    "build_data", "channel_statistics", "describe_spec", "is_video_spec", "motion_statistics", "paper_setting",
+    "read_video", "stratified_split",
 ]
 
 DATASET_SPECS = "arrows | digits | imagefolder:PATH | hf:NAME | cifar:PATH | motion | videofolder:PATH"
+#: how digits are shown to a model here (the README's digits table): the 8x8 grey images at 16 px in 2-px patches,
+#: one channel, no augmentation (random crops, RandAugment and Mixup erase what an 8x8 digit holds)
+DIGITS_INPUT: dict[str, Any] = dict(img_size=16, aug="none", model_kwargs=dict(patch_size=2, in_chans=1))
 VIDEO_SPECS = ("motion", "videofolder")
 
 

@@ -1,0 +1,69 @@
+"""Which part of the PaPE paper's recipe costs the arrow task its seeds: PaPE on the main job's setting, trained
+under ``paper-pape`` and under ``paper-pape`` with one part at a time put back to the ``default`` recipe's (the init
+of the linear layers and the head, the weight-decay groups, the schedule's shape, gradient clipping). Everything
+else is the main job's (``pape-hub arrows --recipe paper-pape``). Runs one after another in this process (each with
+one thread); writes ``results/recipe_bisection/`` (README block ``recipe_bisection``).
+
+    python scripts/recipe_bisection.py --seeds 1        # the seed paper-pape leaves unsolved (about 10 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from pape_hub.commands.arrows import SETTINGS, arrow_job
+from pape_hub.experiment import aggregate, summary_table, train_and_evaluate, write_results
+from pape_hub.provenance import provenance
+from pape_hub.recipes import RECIPES
+
+BASE = RECIPES["paper-pape"]
+#: label -> (recipe, TrainConfig overrides): paper-pape, then one part each put back to the default recipe's
+VARIANTS = {
+    "paper-pape": (BASE, {}),
+    "paper-pape, timm init": (dataclasses.replace(BASE, name="paper-pape/timm-init", init="timm",
+                                                  uniform_head=False), {}),
+    "paper-pape, no decay on position params, norms, biases": (
+        dataclasses.replace(BASE, name="paper-pape/decay-groups", decay_all=False), {}),
+    "paper-pape, warm-up + cosine": (dataclasses.replace(BASE, name="paper-pape/warmup-cosine",
+                                                         schedule="warmup_cosine"), {}),
+    "paper-pape, clipping 1.0": (BASE, {"clip_grad": 1.0}),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", default="1", help="comma-separated training seeds")
+    parser.add_argument("--output-dir", default="outputs/recipe_bisection", help="checkpoints and logs")
+    parser.add_argument("--results-dir", default="results/recipe_bisection")
+    args = parser.parse_args()
+    started = time.time()
+    setting, seeds, grids = SETTINGS["default"], [int(s) for s in args.seeds.split(",")], [4, 6, 8]
+    results = []
+    for label, (recipe, overrides) in VARIANTS.items():
+        RECIPES[recipe.name] = recipe  # this process only: the runs below train in it
+        options = argparse.Namespace(train_size=12288, eval_size=2000, init_from=None, recipe=recipe.name)
+        for seed in seeds:
+            job = arrow_job(label, "pape", {}, seed, setting, 5, options, Path(args.output_dir), grids)
+            job["train"].update(overrides)
+            result = train_and_evaluate(job)
+            results.append(result)
+            top = next(r["top1"] for r in result["rows"] if r["size"] == 4 and not r["interpolation"]
+                       and not r.get("patch_shuffle"))
+            print(f"  {label} seed {seed}: test grid 4 {top:.3f} ({time.time() - started:.0f}s)", flush=True)
+    command = "python scripts/recipe_bisection.py " + shlex.join(sys.argv[1:])
+    summary = dict(provenance=provenance("arrows", command=command.strip()), task=dict(setting="default", **setting),
+                   recipe=dict(recipe="paper-pape", variants=list(VARIANTS)), epochs=5, sizes=grids, unit="grid",
+                   seeds=seeds, encodings=list(VARIANTS), failed=[], aggregate=aggregate(results, grids),
+                   runs=results, wall_s=round(time.time() - started))
+    print("\n" + summary_table(summary))
+    write_results(summary, Path(args.results_dir), title=f"PaPE under paper-pape, one part put back, seeds {seeds}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
