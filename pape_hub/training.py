@@ -257,13 +257,20 @@ def check_resume(cfg: TrainConfig, state_dir: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"cannot resume exactly: {state_dir} has no random-number state "
                                 f"({RNG_STATE_NAME}_*.pkl); the data order and augmentation would differ")
     now = asdict(cfg)
-    changed = {k: (saved["config"].get(k), now[k]) for k in RESUME_HPARAMS
-               if _comparable(saved["config"].get(k)) != _comparable(now[k])}
+    changed = {k: (_saved_setting(saved["config"], k), now[k]) for k in RESUME_HPARAMS
+               if _comparable(_saved_setting(saved["config"], k)) != _comparable(now[k])}
     if changed and not cfg.allow_changed_hparams:
         listing = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in changed.items())
         raise ValueError(f"cannot resume {state_dir} with other hyper-parameters ({listing}); pass the saved values, "
                          "or --allow-changed-hparams to continue with the new ones")
     return saved
+
+
+def _saved_setting(config: dict[str, Any], name: str) -> Any:
+    """A saved run's setting, in today's terms: runs saved before recipes existed trained with the default one, and
+    wrote "no clipping" as None (today 0)."""
+    value = config.get(name, "default" if name == "recipe" else None)
+    return 0.0 if name == "clip_grad" and value is None else value
 
 
 def _comparable(value: Any) -> Any:

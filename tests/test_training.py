@@ -85,6 +85,18 @@ def test_resume_continues_exactly(tmp_path):
     assert [h["epoch"] for h in history] == [0, 1, 2]
 
 
+def test_a_run_saved_before_recipes_resumes(tmp_path):
+    """A state written before recipes existed (no `recipe`, no clipping saved as None) continues as it was."""
+    train(arrow_config(tmp_path, "old", epochs=2, stop_after_epoch=1, clip_grad=0.0))
+    state = tmp_path / "old" / "state" / "trainer_state.json"
+    saved = json.loads(state.read_text())
+    del saved["config"]["recipe"], saved["config"]["crop_padding"]
+    saved["config"]["clip_grad"] = None
+    state.write_text(json.dumps(saved))
+    train(arrow_config(tmp_path, "old", epochs=2, clip_grad=0.0, resume=str(tmp_path / "old")))
+    assert len(json.loads((tmp_path / "old" / "results.json").read_text())["history"]) == 2
+
+
 def test_interrupted_run_loses_at_most_the_current_epoch(tmp_path, monkeypatch):
     train(arrow_config(tmp_path, "straight", epochs=2))
     import pape_hub.training as training

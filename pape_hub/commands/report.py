@@ -251,6 +251,8 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "transplant": ("arrows", transplant_block),
     "arrows_paper_pape": ("arrows", lambda r: comparison_block(r, "arrows_main_job_paper_pape",
                                                                "`pape-hub arrows --recipe paper-pape`")),
+    "recipe_bisection": ("arrows", lambda r: comparison_block(r, "recipe_bisection",
+                                                              "`python scripts/recipe_bisection.py`")),
     "recipes_ranking": ("arrows", lambda r: recipe_block(r, "arrows_main_job", "arrows_main_job_paper_pape")),
     "digits": ("compare", lambda r: comparison_block(r, "digits", "`pape-hub compare --dataset digits`")),
     "video": ("compare", lambda r: comparison_block(r, "video_motion", "`pape-hub compare --dataset motion`")),
