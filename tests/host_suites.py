@@ -139,3 +139,20 @@ def run_timm_suite(where: Path, keyword: str = "vit_t4_") -> tuple[int, list[tup
     failed = re.findall(r"^FAILED test_models.py::(\w+)\[[^\]]*?(vit_t4_\w+)\]", done.stdout, flags=re.MULTILINE)
     passed = int((re.search(r"(\d+) passed", done.stdout) or [0, 0])[1])
     return passed, failed, done.stdout
+
+
+def one_name_per_encoding_class() -> list[str]:
+    """The first registered name of each encoding class (``liere`` is ``liere8``'s class with another block size,
+    ``rope_ape`` is ``rope``'s with a table, ...): what the test suite runs the host suites on; the script runs
+    every name."""
+    import pape_hub
+    from pape_hub.encodings import encoding_class
+
+    seen: set[type] = set()
+    names = []
+    for name in pape_hub.list_encodings():
+        cls = encoding_class(name)[0]
+        if cls not in seen:
+            seen.add(cls)
+            names.append(name)
+    return names
