@@ -124,8 +124,9 @@ def _recipe_line(recipe: dict[str, Any]) -> str:
         return "- recipe: not recorded"
     rules = ("name", "source", "init", "optimizer", "weight_decay_on", "schedule", "unstated")
     values = {k: v for k, v in recipe.items() if k not in rules}
-    if "name" not in recipe:  # a checkpoint from before recipes had names: the default one
-        return f"- recipe: `{json.dumps(values)}`"
+    if "name" not in recipe:  # a checkpoint from before recipes had names: the only recipe then, today's default
+        return f"- recipe: **`default`** (pape_hub; recorded before recipes were named)\n- settings: " \
+            f"`{json.dumps(values)}`"
     lines = [f"- recipe: **`{recipe['name']}`** ({recipe['source']}): init {recipe['init']}; "
              f"{recipe['optimizer']} with weight decay on {recipe['weight_decay_on']}; schedule: {recipe['schedule']}"]
     if recipe.get("unstated"):

@@ -175,3 +175,11 @@ def test_paper_pape_run_is_recorded_in_checkpoint_and_card(tmp_path):
     assert "**`paper-pape`** (PaPE" in card and "uniform Kaiming" in card and "not stated by the source" in card
     with pytest.raises(ValueError, match="recipe: saved 'paper-pape', now 'default'"):
         train(arrow_config(tmp_path, recipe="default", epochs=1, resume=str(tmp_path / "run")))
+
+
+def test_a_card_of_a_checkpoint_from_before_recipes_names_the_default():
+    from pape_hub.card import _recipe_line
+
+    line = _recipe_line({"lr": 0.002, "optimizer": "AdamW"})
+    assert line.startswith("- recipe: **`default`** (pape_hub; recorded before recipes were named)")
+    assert '"lr": 0.002' in line and _recipe_line({}) == "- recipe: not recorded"
