@@ -182,11 +182,11 @@ def warmup_cosine(step: int, warmup: int, total: int, floor: float, steps_per_ep
     """Linear warm-up to 1, then cosine to ``floor`` (a fraction of the peak), per step."""
     if step < warmup:
         return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return _cosine_between(1.0, floor, min(1.0, (step - warmup) / max(1, total - warmup)))
 
 
 def _cosine_between(start: float, end: float, progress: float) -> float:
+    """Cosine annealing from ``start`` (progress 0) to ``end`` (progress 1)."""
     return end + (start - end) / 2 * (math.cos(math.pi * progress) + 1)
 
 
@@ -205,7 +205,7 @@ def cosine_epochs(step: int, warmup: int, total: int, floor: float, steps_per_ep
     if step < warmup:
         return (step + 1) / warmup
     epoch, epochs = step // steps_per_epoch, max(1, total // steps_per_epoch)
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(epoch, epochs) / epochs))
+    return _cosine_between(1.0, floor, min(epoch, epochs) / epochs)
 
 
 SCHEDULES: dict[str, Callable[..., float]] = dict(warmup_cosine=warmup_cosine, onecycle=onecycle,

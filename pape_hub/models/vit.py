@@ -267,12 +267,13 @@ class VisionTransformer(nn.Module):
         state = encoding_prepare(self.pos_encoding, pos)
         hidden, attentions = [], []
         blocks = self.blocks if stop_after is None else self.blocks[: stop_after + 1]
+        # blocks that checkpoint themselves (transformers' GradientCheckpointingLayer): their reentrant mode treats
+        # only positional tensors as inputs, so the encoding's state (tensors every layer shares, with gradients
+        # into the encoding's parameters) travels flattened, one positional leaf each; flattened once per forward
+        own_checkpointing = getattr(next(iter(self.blocks), None), "gradient_checkpointing", None) is not None
+        leaves, spec = tree_flatten(state) if own_checkpointing else ([], None)
         for i, block in enumerate(blocks):
-            if getattr(block, "gradient_checkpointing", None) is not None:
-                # a block that checkpoints itself (transformers' GradientCheckpointingLayer): its reentrant mode
-                # treats only positional tensors as inputs, so the encoding's state (tensors every layer shares,
-                # with gradients into the encoding's parameters) travels flattened, one positional leaf each
-                leaves, spec = tree_flatten(state)
+            if own_checkpointing:
                 x, probs = block(x, self.pos_encoding, spec, output_attentions, fused, *leaves)
             elif self.grad_checkpointing and self.training and not torch.jit.is_scripting():
                 x, probs = checkpoint(block, x, self.pos_encoding, state, output_attentions, fused)
