@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from .checkpoint import load_checkpoint
 from .data import (
     ARROW_TEST_SEED,
     DATASET_SPECS,
+    DIRECTIONS,
     ArrowConfig,
     ArrowDataset,
     MotionConfig,
@@ -28,8 +30,8 @@ from .data import (
 from .provenance import git_commit
 from .training import evaluate_loader
 
-__all__ = ["check_label_names", "evaluate_checkpoint", "parse_clip", "plot_sweep_summary", "resolve_eval_target",
-           "shuffle_tiles", "task_config", "write_json"]
+__all__ = ["chance_level", "check_label_names", "evaluate_checkpoint", "parse_clip", "plot_sweep_summary",
+           "resolve_eval_target", "shuffle_tiles", "task_config", "write_json"]
 
 
 def shuffle_tiles(x: torch.Tensor, tile: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
@@ -114,13 +116,13 @@ def check_label_names(config: dict[str, Any], classes: list[str], dataset: str) 
 def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: list[int] | None = None,
                         resolutions: list[int] | None = None, interpolation: str = "both", split: str = "test",
                         batch_size: int = 256, eval_size: int = 2000, patch_shuffle: bool | str = True,
-                        clips: list[str | tuple[int, int]] | None = None) -> dict[str, Any]:
+                        clips: list[str | tuple[int, int]] | None = None, progress: bool = True) -> dict[str, Any]:
     """Sweep one checkpoint. Arrow task: ``sizes`` are grid sizes; image datasets: ``resolutions`` in pixels;
     video: ``clips`` as ``"FRAMESxSIZE"`` (motion task: size in cells; video folders: in pixels).
 
     Each size is scored without and with position interpolation (except the training size, where interpolation
     changes nothing), and the training size also with shuffled patches (tubelets for video;
-    ``patch_shuffle="all"``: every size)."""
+    ``patch_shuffle="all"``: every size). ``progress``: a bar over each pass's batches and a line per pass."""
     model, config = load_checkpoint(checkpoint)
     model.eval()
     meta = config.get("pape_hub", {})
@@ -166,18 +168,25 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
                 yield res, DataLoader(ds, batch_size=batch_size)
 
     trained_size = _trained_size(config, dataset, native)
+
+    def score(size: Any, loader: Iterable, interp: bool, shuffled: bool = False) -> None:
+        what = f"size {size}" + (" interp." if interp else "") + (" shuffled" if shuffled else "")
+        started = time.time()
+        metrics = evaluate_loader(model, loader, position_interpolation=interp, progress=what if progress else None)
+        rows.append(dict(size=size, interpolation=interp, **({"patch_shuffle": True} if shuffled else {}), **metrics))
+        if progress:
+            print(f"  {what}: top-1 {metrics['top1']:.4f} ({time.time() - started:.1f}s)", flush=True)
+
     for size, loader in loaders():
         for interp in modes:
             if interp and size == trained_size and False in modes:
                 continue  # at the training size interpolation scales positions by 1: the same numbers again
-            metrics = evaluate_loader(model, loader, position_interpolation=interp)
-            rows.append(dict(size=size, interpolation=interp, **metrics))
+            score(size, loader, interp)
         if patch_shuffle and (size == trained_size or patch_shuffle == "all"):
-            rows.append(dict(size=size, interpolation=False, patch_shuffle=True,
-                             **evaluate_loader(model, ShuffledLoader(loader, tile), position_interpolation=False)))
+            score(size, ShuffledLoader(loader, tile), False, shuffled=True)
     units = {"arrows": "arrow grid (cells per side)", "motion": "clip (frames x cells per side)"}
     return dict(checkpoint=str(checkpoint), architecture=config["architecture"],
-                encoding=config.get("position_encoding"), dataset=dataset,
+                encoding=config.get("position_encoding"), dataset=dataset, num_classes=model.num_classes,
                 split=split if dataset not in ("arrows", "motion") else "generated test seed",
                 sweep_unit=units.get(dataset, "clip (frames x px)" if is_video_spec(dataset) else "image size (px)"),
                 trained_at=trained_size, commit=git_commit(), rows=rows)
@@ -194,44 +203,74 @@ def _trained_size(config: dict[str, Any], dataset: str, native: int) -> int | st
     return native
 
 
+#: classes of the built-in tasks, for evaluations written before ``num_classes`` was recorded
+BUILTIN_CLASSES = {"arrows": len(DIRECTIONS), "motion": len(DIRECTIONS), "digits": 10}
+_MARKERS = "osD^vP*Xh<>p"
+
+
+def chance_level(result: dict[str, Any]) -> float | None:
+    """1 / number of classes: recorded by :func:`evaluate_checkpoint`, else known for a built-in task."""
+    classes = result.get("num_classes") or BUILTIN_CLASSES.get(str(result.get("dataset")))
+    return 1.0 / classes if classes else None
+
+
+def _sweep(runs: list[dict[str, Any]], interp: bool) -> tuple[list[Any], list[list[float]]]:
+    """(sizes in the sweep's own order, every run's top-1 at each size) without shuffled patches."""
+    keep = [row for r in runs for row in r["rows"] if row["interpolation"] == interp and not row.get("patch_shuffle")]
+    sizes = list(dict.fromkeys(row["size"] for row in keep))
+    return sizes, [[row["top1"] for row in keep if row["size"] == s] for s in sizes]
+
+
 def plot_sweep_summary(results: list[dict[str, Any]], path: str | Path, title: str = "") -> None:
-    """Accuracy against sweep size per encoding (one evaluation or several seeds each): the mean over seeds
-    (solid: no interpolation, dashed: position interpolation) with the min-max range shaded."""
+    """Accuracy against sweep size per encoding (one evaluation or several seeds each): the mean over seeds with
+    the seeds' min-max range as a bar. Each encoding has its colour and marker and sits a little to the side of
+    the others, so equal curves stay visible; solid filled markers: no interpolation, dashed open markers: position
+    interpolation. Chance level and the training size are grey reference lines; the legend is outside the data."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(9, 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     encodings = list(dict.fromkeys(r["encoding"] for r in results))
+    every = list(dict.fromkeys(row["size"] for r in results for row in r["rows"]))
+    numeric = all(isinstance(v, (int, float)) for v in every)
+    position = {v: (v if numeric else i) for i, v in enumerate(every)}  # clip sizes ("6x5") sit at their index
+    spread = min((b - a for a, b in zip(sorted(position.values()), sorted(position.values())[1:])), default=1)
+    series = 2 * len(encodings)  # (encoding, interpolation) pairs, side by side around each size
     for index, enc in enumerate(encodings):
         runs = [r for r in results if r["encoding"] == enc]
+        color, marker = colors[index % len(colors)], _MARKERS[index % len(_MARKERS)]
         for interp in (False, True):
-            sizes = list(dict.fromkeys(row["size"] for r in runs for row in r["rows"] if row["interpolation"] == interp
-                                       and not row.get("patch_shuffle")))  # the sweep's own order
+            sizes, per_size = _sweep(runs, interp)
             if not sizes:
                 continue
-            per_size = [[row["top1"] for r in runs for row in r["rows"] if row["size"] == s
-                         and row["interpolation"] == interp and not row.get("patch_shuffle")] for s in sizes]
+            dodge = ((2 * index + interp) - (series - 1) / 2) * 0.3 * spread / series
+            xs = [position[s] + dodge for s in sizes]
             means = [sum(v) / len(v) for v in per_size]
-            color = colors[index % len(colors)]
-            ax.plot(sizes, means, marker="o", ls="--" if interp else "-", color=color,
-                    label=enc + (" (interp.)" if interp else ""))
-            if len(runs) > 1:
-                ax.fill_between(sizes, [min(v) for v in per_size], [max(v) for v in per_size], color=color,
-                                alpha=0.08 if interp else 0.15)
+            spread_of_seeds = ([[max(m - min(v), 0.0) for m, v in zip(means, per_size)],
+                                [max(max(v) - m, 0.0) for m, v in zip(means, per_size)]] if len(runs) > 1 else None)
+            ax.errorbar(xs, means, yerr=spread_of_seeds, ls="--" if interp else "-", color=color, marker=marker,
+                        markersize=7 if interp else 5, markerfacecolor="none" if interp else color, capsize=2,
+                        elinewidth=0.8, lw=1.2, label=enc + (" (interp.)" if interp else ""))
     if results:
-        if isinstance(results[0].get("trained_at"), (int, float)):
-            ax.axvline(results[0]["trained_at"], color="gray", lw=0.8, ls=":")
+        chance = chance_level(results[0])
+        if chance is not None:
+            ax.axhline(chance, color="gray", lw=1.0, ls=":", label=f"chance (1/{round(1 / chance)})")
+        trained = results[0].get("trained_at")
+        if trained in position:
+            ax.axvline(position[trained], color="gray", lw=0.8, ls="-.", label="training size")
         ax.set_xlabel(results[0]["sweep_unit"])
+    if not numeric:
+        ax.set_xticks(list(position.values()), [str(v) for v in position])
     ax.set_ylabel("top-1 accuracy")
     ax.set_ylim(0, 1.02)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 

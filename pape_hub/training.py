@@ -28,6 +28,7 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -194,12 +195,13 @@ class TrainConfig:
 
 @torch.no_grad()
 def evaluate_loader(model: torch.nn.Module, loader: Any, accelerator: Accelerator | None = None,
-                    position_interpolation: bool | None = None) -> dict[str, float]:
+                    position_interpolation: bool | None = None, progress: str | None = None) -> dict[str, float]:
     """Top-1, top-5 and cross-entropy over a loader (gathered across processes); ``position_interpolation``
-    overrides the model's setting for these calls."""
+    overrides the model's setting for these calls; ``progress`` names a progress bar over the batches."""
     model.eval()
     correct1 = correct5 = loss_sum = count = 0.0
-    for images, labels in loader:
+    main = accelerator is None or accelerator.is_main_process
+    for images, labels in tqdm(loader, desc=progress, leave=False, disable=progress is None or not main):
         if position_interpolation is None:
             logits = model(images).float()
         else:  # a pape_hub model (not wrapped): the setting passed down for this call
@@ -403,8 +405,9 @@ def normalisation(cfg: TrainConfig, img_size: int, channels: int, arrow_cfg: Arr
     return channel_statistics(raw.train, max_samples=samples)
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
+def train(cfg: TrainConfig, on_epoch: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train, validate every epoch, keep best/last, score the test split with the best; returns results.
+    ``on_epoch`` receives each finished epoch's record (main process; e.g. a parent's progress bar).
 
     Everything is checked (settings, model, push target, output folder, data) before the output folder is
     touched."""
@@ -429,7 +432,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     run = build_run(cfg, accelerator)
     lock = claim_output_dir(cfg, accelerator.is_main_process)
     try:
-        return fit(cfg, accelerator, run, push_target)
+        return fit(cfg, accelerator, run, push_target, on_epoch)
     finally:
         release_output_dir(lock, cfg)
 
@@ -539,7 +542,8 @@ def resume_state_dir(resume: str | Path) -> Path:
     return recover_dir(resume_dir)
 
 
-def fit(cfg: TrainConfig, accelerator: Accelerator, run: Run, push_target: str | None) -> dict[str, Any]:
+def fit(cfg: TrainConfig, accelerator: Accelerator, run: Run, push_target: str | None,
+        on_epoch: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """The epochs (from a resumed state if asked), then the test score of the best checkpoint and the push."""
     out, main = Path(cfg.output_dir), accelerator.is_main_process
     start_epoch, best, history = 0, dict(top1=-1.0, epoch=-1), []
@@ -565,6 +569,8 @@ def fit(cfg: TrainConfig, accelerator: Accelerator, run: Run, push_target: str |
         if val["top1"] > best["top1"]:
             best = dict(top1=val["top1"], epoch=epoch)
         save_epoch(cfg, accelerator, run, record, best, history)
+        if on_epoch is not None and main:
+            on_epoch(record)
     return finish(cfg, accelerator, run, best, history, started, push_target)
 
 

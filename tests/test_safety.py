@@ -350,7 +350,7 @@ def test_eval_refuses_another_task_by_name_and_takes_a_training_folder(tmp_path,
     assert "was trained on 'digits', not 'arrows'" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "digits"), "--resolutions", "16", "--patch-shuffle", "none"]) == 0
     out = capsys.readouterr().out
-    assert "training output folder" in out and (tmp_path / "digits" / "eval.json").exists()
+    assert "training output folder" in out and (tmp_path / "digits" / "best" / "eval.json").exists()
 
 
 def test_every_option_of_every_command_shows_its_default():

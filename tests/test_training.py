@@ -185,7 +185,11 @@ def test_cli_train_and_eval(tmp_path, capsys):
     assert main(["eval", str(tmp_path / "cli" / "best"), "--sizes", "4,5", "--eval-size", "16"]) == 0
     out = capsys.readouterr().out
     assert "best val top-1" in out
-    assert (tmp_path / "cli" / "eval.json").exists() and (tmp_path / "cli" / "eval.png").exists()
+    best = tmp_path / "cli" / "best"  # the evaluation lands in the checkpoint folder, where its card finds it
+    assert (best / "eval.json").exists() and (best / "accuracy_vs_size.png").exists()
+    assert main(["card", str(best)]) == 0
+    card = (best / "README.md").read_text()
+    assert "No evaluation was run" not in card and "accuracy_vs_size.png" in card
 
 
 def test_bad_training_input(tmp_path):

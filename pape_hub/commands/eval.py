@@ -1,5 +1,6 @@
 """``pape-hub eval``: score a checkpoint across arrow-grid sizes or image resolutions, with and without
-position interpolation, plus the patch-shuffle test; writes a results JSON and a PNG plot.
+position interpolation, plus the patch-shuffle test; writes ``eval.json`` and its plot into the checkpoint folder,
+where ``pape-hub card`` and ``pape-hub push`` take them from (``--output`` writes them elsewhere).
 
 Examples:
     pape-hub eval outputs/main/pape/best --dataset arrows --sizes 4,6,8 --output results.json
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..card import PLOT_NAME
 from ..data import DATASET_SPECS
 from ..evaluation import evaluate_checkpoint, plot_sweep_summary, resolve_eval_target, write_json
 
@@ -35,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--patch-shuffle", choices=["trained", "all", "none"], default="trained",
                         help="score shuffled patches at the training size, at every size, or not at all")
-    parser.add_argument("--output", default=None, help="results JSON (default CHECKPOINT/../eval.json)")
+    parser.add_argument("--output", default=None, help="results JSON; its plot goes beside it as .png (default: "
+                        "CHECKPOINT/eval.json and CHECKPOINT/accuracy_vs_size.png, which its model card shows)")
     parser.add_argument("--threads", type=int, default=None)
 
 
@@ -51,12 +54,13 @@ def run(args: argparse.Namespace) -> int:
                                  split=args.split, batch_size=args.batch_size, eval_size=args.eval_size,
                                  patch_shuffle={"trained": True, "all": "all", "none": False}[args.patch_shuffle],
                                  clips=args.clips.split(",") if args.clips else None)
-    output = Path(args.output) if args.output else checkpoint.parent / "eval.json"
+    output = Path(args.output) if args.output else checkpoint / "eval.json"
+    plot = output.with_suffix(".png") if args.output else checkpoint / PLOT_NAME
     write_json(result, output)
-    plot_sweep_summary([result], output.with_suffix(".png"), title=f"{result['architecture']} ({result['encoding']})")
+    plot_sweep_summary([result], plot, title=f"{result['architecture']} ({result['encoding']})")
     print(f"{'size':>6} {'interp':>6} {'shuffle':>7} {'top-1':>7} {'top-5':>7}")
     for row in result["rows"]:
         print(f"{row['size']:>6} {str(row['interpolation']):>6} {str(row.get('patch_shuffle', False)):>7} "
               f"{row['top1']:>7.4f} {row['top5']:>7.4f}")
-    print(f"wrote {output} and {output.with_suffix('.png')}")
+    print(f"wrote {output} and {plot}")
     return 0

@@ -52,7 +52,8 @@ def comparison_block(results: Path, name: str, what: str) -> str:
     if data is None:
         return f"_Not measured yet: `results/{name}/summary.json` is missing ({what})._\n"
     seeds = data["seeds"]
-    over = f"mean ± std over seeds {seeds}" if len(seeds) > 1 else f"seed {seeds[0]}"
+    over = (f"mean over seeds {', '.join(map(str, seeds))} with the 95% bootstrap interval of the mean in brackets"
+            if len(seeds) > 1 else f"seed {seeds[0]}")
     lines = [summary_table(data), "",
              f"Top-1 on the test split; {over}. {provenance_line(data)} Plot: `results/{name}/accuracy_vs_size.png`"
              f"; every run with its training curve: `results/{name}/summary.json`."]
@@ -306,6 +307,16 @@ def check(readme_path: Path, results: Path, behaviour: bool = True) -> list[str]
     return problems
 
 
+def redraw_plots(results: Path) -> None:
+    """Every comparison's plot from its ``summary.json`` (a plot is a view of the results, like a table)."""
+    from ..experiment import plot_results
+
+    for path in sorted(results.glob("*/summary.json")):
+        summary = json.loads(path.read_text())
+        if summary.get("runs"):
+            plot_results(summary, path.parent)
+
+
 def run(args: argparse.Namespace) -> int:
     readme, results = Path(args.readme), Path(args.results)
     if args.check:
@@ -315,6 +326,7 @@ def run(args: argparse.Namespace) -> int:
         print("results and README are current" if not problems else f"{len(problems)} problem(s)")
         return 1 if problems else 0
     readme.write_text(render(readme.read_text(), results))
+    redraw_plots(results)
     stale = stale_results(results)
     for problem in stale:
         print("warning:", problem)

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from .arrows import ArrowConfig, ArrowDataset, arrow_statistics, paper_setting
+from .arrows import DIRECTIONS, ArrowConfig, ArrowDataset, arrow_statistics, paper_setting
 from .images import (
     TransformedDataset,
     channel_statistics,
@@ -34,10 +34,10 @@ from .video import (
 )
 
 __all__ = [
-    "ARROW_TEST_SEED", "ARROW_VAL_SEED", "DATASET_SPECS", "DIGITS_INPUT", "VIDEO_SPECS", "ArrowConfig", "ArrowDataset",
-    "DataBundle", "MotionConfig", "MotionDataset", "TransformedDataset", "VideoTransform", "arrow_statistics",
-    "build_data", "channel_statistics", "describe_spec", "is_video_spec", "motion_statistics", "paper_setting",
-    "read_video", "stratified_split",
+    "ARROW_TEST_SEED", "ARROW_VAL_SEED", "DATASET_SPECS", "DIGITS_INPUT", "DIRECTIONS", "VIDEO_SPECS", "ArrowConfig",
+    "ArrowDataset", "DataBundle", "MotionConfig", "MotionDataset", "TransformedDataset", "VideoTransform",
+    "arrow_statistics", "build_data", "channel_statistics", "describe_spec", "is_video_spec", "motion_statistics",
+    "paper_setting", "read_video", "stratified_split",
 ]
 
 DATASET_SPECS = "arrows | digits | imagefolder:PATH | hf:NAME | cifar:PATH | motion | videofolder:PATH"
