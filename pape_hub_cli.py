@@ -2,7 +2,9 @@
 
 This module lives beside the ``pape_hub`` package, not in it: ``import pape_hub`` registers every model with timm
 and transformers (several seconds of imports), and ``pape-hub --help`` / ``--version`` should not pay for that. A
-command's module (``pape_hub.commands.<name>``) is imported only once that command is chosen.
+command's module (``pape_hub.commands.<name>``) is imported only once that command is chosen. ``pape-hub COMMAND
+--help`` prints the command's help from ``pape_hub/commands/help.json`` without importing the package: the text
+its parser renders, written by ``python scripts/write_cli_help.py`` and checked current by the test suite.
 
 Errors print one line naming the problem (``--debug`` anywhere on the line shows the traceback instead).
 """
@@ -10,11 +12,16 @@ Errors print one line naming the problem (``--debug`` anywhere on the line shows
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
+import importlib.util
+import json
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
-__all__ = ["COMMANDS", "HelpFormatter", "main"]
+__all__ = ["COMMANDS", "HelpFormatter", "command_help", "main", "write_help_cache"]
+HELP_WIDTH = 100  # help is rendered at one width, so the cached text is the parser's own
 
 COMMANDS = {
     "arrows": "the main job: train encodings on the arrow task and compare them on larger grids",
@@ -73,9 +80,37 @@ def top_parser() -> argparse.ArgumentParser:
 
 def command_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
     module = importlib.import_module(f"pape_hub.commands.{name}")
-    parser = argparse.ArgumentParser(prog=f"pape-hub {name}", description=module.__doc__, formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(prog=f"pape-hub {name}", description=module.__doc__,
+                                     formatter_class=functools.partial(HelpFormatter, width=HELP_WIDTH))
     module.add_arguments(parser)
     return parser, module
+
+
+def help_cache() -> Path | None:
+    """``pape_hub/commands/help.json``, found without importing ``pape_hub`` (``find_spec`` runs no package code)."""
+    spec = importlib.util.find_spec("pape_hub")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "commands" / "help.json"
+
+
+def command_help(name: str) -> str:
+    """What ``pape-hub NAME --help`` prints, rendered by the command's parser."""
+    return command_parser(name)[0].format_help()
+
+
+def write_help_cache() -> Path:
+    """Render every command's help into :func:`help_cache` (``python scripts/write_cli_help.py``)."""
+    path = help_cache()
+    path.write_text(json.dumps({name: command_help(name) for name in COMMANDS}, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def cached_help(name: str) -> str | None:
+    path = help_cache()
+    if path is None or not path.exists():
+        return None
+    return json.loads(path.read_text()).get(name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         top_parser().print_help()
         return 2
     rest = argv[argv.index(name) + 1 :]
+    if {"-h", "--help"} & set(rest) and (text := cached_help(name)) is not None:
+        print(text, end="")  # the parser's own text, without importing torch, timm and transformers first
+        return 0
     try:
         parser, module = command_parser(name)
         args = parser.parse_args(rest)

@@ -2,7 +2,8 @@
 
 ``import pape_hub`` registers the models ``vit_{t,s,b,l}16_{encoding}``, ``vit_{t,s}4_{encoding}`` and
 ``vivit_{t,s,b}16_{encoding}`` in timm and, when transformers is installed (``pip install pape_hub[hf]``), the
-``pape_vit`` / ``pape_vivit`` model types with transformers' Auto classes. The models need torch and timm only.
+``pape_vit`` / ``pape_vivit`` model types with transformers' Auto classes, as soon as transformers is imported (at
+once if it already is). The models need torch and timm only.
 """
 
 from importlib import import_module
@@ -19,9 +20,29 @@ from .models import (
     register_published_weights,
     transplant,
 )
+from .models.zoo import SOURCE_CONFIG_CHECKS
+
+
+def _register_transformers_face() -> None:
+    import_module(".hf", __name__)  # registers the configs, models and processors with transformers' Auto classes
+
+
+def _check_config_agreement(config: dict[str, Any], where: str = "config.json") -> None:
+    """timm's ``local-dir:`` / ``hf-hub:`` loads check that a folder's transformers fields describe the model its timm
+    fields do (the check needs transformers' config classes, imported on first use)."""
+    from .hf.configuration_pape_vit import check_config_agreement
+
+    check_config_agreement(config, where)
+
 
 if find_spec("transformers") is not None:
-    from . import hf  # noqa: F401 - registers the transformers Auto classes
+    # the transformers face is registered when transformers is imported (at once if it already is), so that
+    # `import pape_hub` costs timm users no transformers import (pape_hub.import_hooks)
+    from .import_hooks import when_imported
+
+    if _check_config_agreement not in SOURCE_CONFIG_CHECKS:
+        SOURCE_CONFIG_CHECKS.append(_check_config_agreement)
+    when_imported("transformers", _register_transformers_face)
 
 __version__ = "0.1.0"
 

@@ -31,7 +31,7 @@ from .provenance import git_commit
 from .training import evaluate_loader
 
 __all__ = ["chance_level", "check_label_names", "evaluate_checkpoint", "parse_clip", "plot_sweep_summary",
-           "resolve_eval_target", "shuffle_tiles", "task_config", "write_json"]
+           "resolve_eval_target", "save_evaluation", "shuffle_tiles", "task_config", "write_json"]
 
 
 def shuffle_tiles(x: torch.Tensor, tile: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
@@ -272,6 +272,19 @@ def plot_sweep_summary(results: list[dict[str, Any]], path: str | Path, title: s
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def save_evaluation(result: dict[str, Any], checkpoint: str | Path, output: str | Path | None = None
+                    ) -> tuple[Path, Path]:
+    """Write an evaluation and its plot: into the checkpoint folder (``eval.json`` and the plot its model card
+    shows), or to ``output`` with the plot beside it as ``.png``. Returns (json, plot)."""
+    from .card import PLOT_NAME
+
+    path = Path(output) if output else Path(checkpoint) / "eval.json"
+    plot = path.with_suffix(".png") if output else Path(checkpoint) / PLOT_NAME
+    write_json(result, path)
+    plot_sweep_summary([result], plot, title=f"{result['architecture']} ({result['encoding']})")
+    return path, plot
 
 
 def write_json(obj: Any, path: str | Path) -> None:

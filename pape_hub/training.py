@@ -29,7 +29,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 from .checkpoint import atomic_write, recover_dir, replace_dir, save_checkpoint
 from .data import (
+    DATASET_SPECS,
     ArrowConfig,
     MotionConfig,
     VideoTransform,
@@ -61,12 +62,15 @@ from .models import model_args_for
 from .recipes import (
     AUGMENTATION_PRESETS,
     RECIPE_SETTINGS,
+    RECIPES,
     build_optimizer,
     get_recipe,
     init_linear_layers,
     lr_schedule,
     resolve,
+    setting_help,
 )
+from .settings import setting
 
 __all__ = ["AUGMENTATION_PRESETS", "TrainConfig", "evaluate_loader", "train"]
 
@@ -89,53 +93,71 @@ RANGES: dict[str, tuple[float, float, str]] = {
 }
 
 
+_PRESET = "(default: the preset's)"
+
+
 @dataclass
 class TrainConfig:
-    model: str = "vit_t4_rope_mixed"
-    model_kwargs: dict[str, Any] = field(default_factory=dict)
-    dataset: str = "arrows"
-    output_dir: str = "outputs/run"
-    epochs: int = 8
-    batch_size: int = 128
-    lr: float = 2e-3
-    recipe: str = "default"  # a key of pape_hub.recipes.RECIPES; it fills the seven settings below left at None
-    min_lr: float | None = None
-    weight_decay: float | None = None
-    warmup_epochs: float | None = None
-    label_smoothing: float | None = None
-    drop_path: float | None = None
-    clip_grad: float | None = None  # max gradient norm; 0 for none
-    aug: str | None = None  # a key of AUGMENTATION_PRESETS; the seven fields below override it where not None
-    crop_scale: tuple[float, float] | None = None
-    crop_padding: int | None = None
-    hflip: float | None = None
-    color_jitter: float | None = None
-    randaugment: str | None = None
-    mixup: float | None = None
-    cutmix: float | None = None
-    normalize: str = "dataset"  # "dataset": the training split's mean/std; "model": the model's pretrained_cfg
-    grad_accum: int = 1
-    seed: int = 0
-    mixed_precision: str = "no"
-    resume: str | None = None
-    init_from: str | None = None  # a checkpoint folder or NAME.TAG whose non-positional weights seed the model
-    allow_changed_hparams: bool = False  # let --resume continue with other hyper-parameters than it was saved with
-    overwrite: bool = False  # replace what an earlier run left in output_dir
-    stop_after_epoch: int | None = None  # stop early (the schedule still spans `epochs`); resume later
-    push_to_hub: str | None = None
-    num_workers: int = 0
-    img_size: int | None = None
-    val_fraction: float = 0.1
-    train_size: int = 16384  # arrow task: generated training samples per epoch
-    eval_size: int = 2000  # arrow task: validation and test samples
-    arrow: dict[str, int] = field(default_factory=dict)  # ArrowConfig fields
-    motion: dict[str, int] = field(default_factory=dict)  # MotionConfig fields (the video task)
-    num_frames: int | None = None  # video folders: frames sampled per clip (default: the model's)
-    log_with: str | None = None
-    flush_denormals: bool = True  # on CPU: subnormal floats to zero (see train())
-    image_column: str = "image"
-    label_column: str = "label"
-    quiet: bool = False
+    """Every setting of a training run; each field is also a ``pape-hub train`` flag (``--field-name``), described
+    here once. The settings a recipe states default to None and are filled from it (``__post_init__``)."""
+
+    model: str = setting("vit_t4_rope_mixed", "a registered model name (pape_hub.list_pape_models())")
+    model_kwargs: dict[str, Any] = setting(help='JSON object of extra model constructor arguments (e.g. {"in_chans": '
+                                           '1} for grey images)', default_factory=dict)
+    dataset: str = setting("arrows", DATASET_SPECS)
+    output_dir: str = setting("outputs/run", "where the checkpoints, state and metrics go")
+    epochs: int = setting(8, "passes over the training split")
+    batch_size: int = setting(128, "images per optimizer step (per process)")
+    lr: float = setting(2e-3, "peak learning rate")
+    recipe: str = setting("default", "init, weight-decay groups, schedule and the settings below a source states "
+                          "(pape_hub.recipes); a setting given explicitly wins: "
+                          + "; ".join(f"{r.name}: {r.source}" for r in RECIPES.values()), choices=list(RECIPES))
+    min_lr: float | None = setting(None, "end of the schedule; " + setting_help("min_lr"))
+    weight_decay: float | None = setting(None, setting_help("weight_decay"))
+    warmup_epochs: float | None = setting(None, setting_help("warmup_epochs"))
+    label_smoothing: float | None = setting(None, setting_help("label_smoothing"))
+    drop_path: float | None = setting(None, setting_help("drop_path"))
+    clip_grad: float | None = setting(None, "max gradient norm, 0 for none; " + setting_help("clip_grad"))
+    aug: str | None = setting(None, "augmentation preset for natural images; the flags below override its parts ("
+                              + "; ".join(f"{k}: {v}" for k, v in AUGMENTATION_PRESETS.items()) + "); "
+                              + setting_help("aug"), choices=list(AUGMENTATION_PRESETS))
+    crop_scale: tuple[float, float] | None = setting(None, "random-resized-crop area range " + _PRESET,
+                                                     metavar="MIN,MAX")
+    crop_padding: int | None = setting(None, "pad by this much, then a random crop of the image size " + _PRESET)
+    hflip: float | None = setting(None, "horizontal flip probability " + _PRESET)
+    color_jitter: float | None = setting(None, "colour jitter strength " + _PRESET)
+    randaugment: str | None = setting(None, "timm auto_augment string, '' for none " + _PRESET)
+    mixup: float | None = setting(None, "Mixup alpha, 0 for none " + _PRESET)
+    cutmix: float | None = setting(None, "CutMix alpha, 0 for none " + _PRESET)
+    normalize: str = setting("dataset", "normalise pixels with the training split's mean/std or the model's "
+                             "pretrained_cfg", choices=["dataset", "model"])
+    grad_accum: int = setting(1, "batches per optimizer step")
+    seed: int = setting(0, "seed of the init, the data order and the augmentation")
+    mixed_precision: str = setting("no", "accelerate's mixed precision", choices=["no", "fp16", "bf16"])
+    resume: str | None = setting(None, "an output dir (or its state/) to continue exactly")
+    init_from: str | None = setting(None, "seed the model from a checkpoint folder or a converted public checkpoint "
+                                    "(pape_hub.list_pretrained()): every non-positional weight, the encoding's own "
+                                    "where it is the same, the head where the classes agree; the model's own init "
+                                    "for the rest", metavar="CHECKPOINT|NAME.TAG")
+    allow_changed_hparams: bool = setting(False, "let --resume continue with hyper-parameters other than the saved "
+                                          "run's")
+    overwrite: bool = setting(False, "replace what an earlier run left in --output-dir")
+    stop_after_epoch: int | None = setting(None, "stop after this many epochs (the schedule still spans --epochs); "
+                                           "--resume later")
+    num_workers: int = setting(0, "data-loader worker processes")
+    img_size: int | None = setting(None, "image size (default: the model's)")
+    val_fraction: float = setting(0.1, "share of the training split held out for validation (datasets without one)")
+    train_size: int = setting(16384, "generated tasks: training samples per epoch")
+    eval_size: int = setting(2000, "generated tasks: validation and test samples")
+    arrow: dict[str, Any] = setting(help="ArrowConfig fields (flags --arrow-*)", default_factory=dict, flag=False)
+    motion: dict[str, Any] = setting(help="MotionConfig fields (flags --motion-*)", default_factory=dict, flag=False)
+    num_frames: int | None = setting(None, "video folders: frames sampled per clip (default: the model's)")
+    log_with: str | None = setting(None, "accelerate tracker: tensorboard, wandb, ...")
+    flush_denormals: bool = setting(True, "on CPU, flush subnormal floats to zero (PaPE trains ~3x faster); "
+                                    "--keep-denormals keeps them", negated="keep_denormals")
+    image_column: str = setting("image", "hf datasets: image column")
+    label_column: str = setting("label", "hf datasets: label column")
+    quiet: bool = setting(False, "no progress bars or per-epoch lines")
 
     def __post_init__(self) -> None:
         """Refuse values that cannot train, naming the setting (and its command-line flag)."""
@@ -409,14 +431,10 @@ def train(cfg: TrainConfig, on_epoch: Callable[[dict[str, Any]], None] | None = 
     """Train, validate every epoch, keep best/last, score the test split with the best; returns results.
     ``on_epoch`` receives each finished epoch's record (main process; e.g. a parent's progress bar).
 
-    Everything is checked (settings, model, push target, output folder, data) before the output folder is
-    touched."""
+    Everything is checked (settings, model, output folder, data) before the output folder is touched. Training
+    ends at the checkpoints; evaluating, carding and pushing them is the caller's (``pape-hub train
+    --push-to-hub`` composes them)."""
     model_args_for(cfg.model)  # an unknown name fails here, before any work
-    push_target = None
-    if cfg.push_to_hub:
-        from .hub import check_push_target
-
-        push_target = check_push_target(cfg.push_to_hub)  # token, repo id and endpoint before the first step
     check_output_dir(cfg)
     accelerator = Accelerator(
         mixed_precision=cfg.mixed_precision, gradient_accumulation_steps=cfg.grad_accum,
@@ -432,7 +450,7 @@ def train(cfg: TrainConfig, on_epoch: Callable[[dict[str, Any]], None] | None = 
     run = build_run(cfg, accelerator)
     lock = claim_output_dir(cfg, accelerator.is_main_process)
     try:
-        return fit(cfg, accelerator, run, push_target, on_epoch)
+        return fit(cfg, accelerator, run, on_epoch)
     finally:
         release_output_dir(lock, cfg)
 
@@ -542,9 +560,9 @@ def resume_state_dir(resume: str | Path) -> Path:
     return recover_dir(resume_dir)
 
 
-def fit(cfg: TrainConfig, accelerator: Accelerator, run: Run, push_target: str | None,
+def fit(cfg: TrainConfig, accelerator: Accelerator, run: Run,
         on_epoch: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """The epochs (from a resumed state if asked), then the test score of the best checkpoint and the push."""
+    """The epochs (from a resumed state if asked), then the test score of the best checkpoint."""
     out, main = Path(cfg.output_dir), accelerator.is_main_process
     start_epoch, best, history = 0, dict(top1=-1.0, epoch=-1), []
     if cfg.resume:
@@ -571,7 +589,7 @@ def fit(cfg: TrainConfig, accelerator: Accelerator, run: Run, push_target: str |
         save_epoch(cfg, accelerator, run, record, best, history)
         if on_epoch is not None and main:
             on_epoch(record)
-    return finish(cfg, accelerator, run, best, history, started, push_target)
+    return finish(cfg, accelerator, run, best, history, started)
 
 
 def train_one_epoch(cfg: TrainConfig, accelerator: Accelerator, run: Run, epoch: int) -> float:
@@ -651,7 +669,7 @@ def save_epoch(cfg: TrainConfig, accelerator: Accelerator, run: Run, record: dic
 
 
 def finish(cfg: TrainConfig, accelerator: Accelerator, run: Run, best: dict[str, Any],
-           history: list[dict[str, Any]], started: float, push_target: str | None) -> dict[str, Any]:
+           history: list[dict[str, Any]], started: float) -> dict[str, Any]:
     out, main = Path(cfg.output_dir), accelerator.is_main_process
     results: dict[str, Any] = dict(best_epoch=best["epoch"], best_val_top1=best["top1"], history=history,
                                    output_dir=str(out), wall_s=round(time.time() - started, 1))
@@ -662,12 +680,6 @@ def finish(cfg: TrainConfig, accelerator: Accelerator, run: Run, best: dict[str,
         results["test"] = evaluate_loader(accelerator.prepare(best_model), run.test_loader, accelerator)
     if main:
         atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(results, indent=2)))
-        if push_target:
-            from .hub import push_checkpoint
-
-            results["hub_url"] = push_checkpoint(out / "best", push_target)
-            if not cfg.quiet:
-                print(f"pushed {out / 'best'} to {results['hub_url']}")
     accelerator.end_training()
     return dict(results, is_main_process=main)  # under `accelerate launch`, only the main process reports
 

@@ -172,3 +172,27 @@ def test_the_models_need_torch_and_timm_only():
     done = subprocess.run([sys.executable, "-c", MINIMAL], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "(1, 10)" in done.stdout and "needs the 'hf' extra: pip install 'pape_hub[hf]'" in done.stdout
+
+
+LAZY_FACE = '''
+import sys, pape_hub
+assert "transformers" not in sys.modules  # import pape_hub costs timm users no transformers import
+from transformers import pipeline  # the first transformers import registers the face (no circular import)
+from transformers import AutoConfig, AutoModelForImageClassification
+config = AutoConfig.for_model("pape_vit", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              intermediate_size=64, image_size=32, patch_size=8, num_labels=3)
+print(type(config).__name__, type(AutoModelForImageClassification.from_config(config)).__name__)
+print(type(AutoConfig.for_model("pape_vivit")).__name__, pipeline.__name__)
+'''
+
+
+def test_the_transformers_face_registers_when_transformers_is_imported():
+    """``import pape_hub`` leaves transformers unimported; the first import of transformers, whichever statement
+    makes it (here ``from transformers import pipeline``, whose chain once met the face half-way), registers the
+    configs, models and processors with the Auto classes."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", LAZY_FACE], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["PapeViTConfig", "PapeViTForImageClassification", "PapeViViTConfig", "pipeline"]

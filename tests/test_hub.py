@@ -222,6 +222,9 @@ def test_training_checks_the_push_target_before_the_first_step(hub, tmp_path):
                      "--output-dir", "{tmp_path / 'run'}", "--push-to-hub", "org/arrows-pape"]) == 0
     """ + LOAD_BACK.format(folder=tmp_path / "run" / "best", repo="org/arrows-pape").replace("3, 32, 32", "3, 48, 48"))
     assert done.stdout.strip().endswith("[true, true]"), done.stderr[-3000:]
+    best = tmp_path / "run" / "best"  # train -> evaluate -> card -> push: the pushed card reports the evaluation
+    card = (best / "README.md").read_text()
+    assert (best / "eval.json").exists() and "No evaluation was run" not in card and "accuracy_vs_size.png" in card
 
 
 def test_pretrained_true_resolves_published_weights_only(hub, tmp_path):

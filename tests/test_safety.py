@@ -183,8 +183,23 @@ def test_cli_version_errors_and_help_defaults():
     debug = run_cli("train", "--epochs", "0", "--debug")
     assert "Traceback" in debug.stderr
     help_text = run_cli("train", "--help").stdout
-    assert "(default: 8)" in help_text and "(default: vit_t4_rope_mixed)" in help_text
+    words = " ".join(help_text.split())
+    assert "(default: 8)" in words and "(default: vit_t4_rope_mixed)" in words
     assert '    pape-hub train --model vit_t4_pape --dataset digits --img-size 16 --aug none \\' in help_text
+
+
+def test_command_help_needs_no_import_and_is_the_parsers_own_text():
+    """``pape-hub COMMAND --help`` prints the cached text of ``pape_hub/commands/help.json`` without importing
+    torch or pape_hub; the cache is exactly what each parser renders today (else: python scripts/write_cli_help.py)."""
+    from pape_hub_cli import COMMANDS, command_help, help_cache
+
+    cached = json.loads(help_cache().read_text())
+    stale = [name for name in COMMANDS if cached.get(name) != command_help(name)]
+    assert not stale, f"help of {stale} changed: run `python scripts/write_cli_help.py`"
+    code = ("import sys, pape_hub_cli\nrc = pape_hub_cli.main(['train', '--lr', '1', '--help'])\n"
+            "print(rc, 'torch' in sys.modules, 'pape_hub' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.stdout.startswith(cached["train"]) and done.stdout.strip().endswith("0 False False")
 
 
 # --- the security issue: overwrite, interrupted swaps, non-finite settings, 16-bit images, NaN inputs -----------

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ..data import DIGITS_INPUT
+from ..training import TrainConfig
+from . import add_config_arguments, config_values
 
 SMALL_VIT = dict(embed_dim=96, depth=4, num_heads=4, global_pool="avg", class_token=False)
 #: dataset -> model, recipe and evaluation defaults (``clips``: a video sweep, ``resolutions``: an image sweep)
@@ -45,6 +47,9 @@ GENERIC = dict(model="vit_t4_{encoding}", model_kwargs=dict(SMALL_VIT), img_size
                batch_size=64, lr=1e-3, warmup_epochs=3, weight_decay=0.05, label_smoothing=0.1, drop_path=0.1,
                aug="default", results_dir="none")
 DEFAULT_ENCODINGS = "none,ape,sincos,rope,rope_mixed,polar_rope,alibi,lookhere,pape,pape_ri,liere8"
+#: TrainConfig settings a comparison takes from the command line (unset: the dataset preset's)
+PRESET_SETTINGS = ("img_size", "train_size", "eval_size", "epochs", "batch_size", "lr", "warmup_epochs", "weight_decay",
+                   "label_smoothing", "drop_path", "aug", "hflip", "color_jitter", "mixup", "cutmix", "recipe")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,21 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="timm name pattern, {encoding} replaced (default: the "
                         "preset's, vit_t4_{encoding} or vivit_t16_{encoding})")
     parser.add_argument("--model-kwargs", default=None, help="JSON model arguments (default: the preset's)")
-    parser.add_argument("--img-size", type=int, default=None, help="training resolution (default: the preset's)")
     parser.add_argument("--resolutions", default=None, help="comma-separated evaluation sizes (default: preset's)")
     parser.add_argument("--clips", default=None, help="video: comma-separated FRAMESxSIZE evaluation clips, the "
                         "training clip first (default: the preset's)")
-    parser.add_argument("--train-size", type=int, default=None, help="generated tasks: samples per epoch")
-    parser.add_argument("--eval-size", type=int, default=None, help="generated tasks: validation / test samples")
-    for name in ("epochs", "batch_size"):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help="default: the preset's")
-    for name in ("lr", "warmup_epochs", "weight_decay", "label_smoothing", "drop_path", "hflip", "color_jitter",
-                 "mixup", "cutmix"):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=None, help="default: the preset's")
-    parser.add_argument("--aug", default=None, help="augmentation preset (pape_hub.recipes.AUGMENTATION_PRESETS; "
-                        "default: the preset's)")
-    parser.add_argument("--recipe", default=None, help="training recipe (pape_hub.recipes: init, weight-decay groups, "
-                        "schedule; the preset keeps its own values; default: default)")
+    add_config_arguments(parser, TrainConfig, only=PRESET_SETTINGS, preset_defaults=True)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes at once (one thread each)")
     parser.add_argument("--output-dir", default=None, help="checkpoints and logs (default outputs/compare_<data>)")
     parser.add_argument("--results-dir", default=None, help="table, JSON and plot (default: the preset's, e.g. "
@@ -91,10 +85,9 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         preset["resolutions"] = [int(r) for r in args.resolutions.split(",")]
     if args.clips:
         preset["clips"] = args.clips.split(",")
-    for name in ("model", "img_size", "epochs", "batch_size", "lr", "warmup_epochs", "weight_decay", "label_smoothing",
-                 "drop_path", "aug", "recipe", "hflip", "color_jitter", "mixup", "cutmix", "results_dir", "train_size",
-                 "eval_size"):
-        if getattr(args, name, None) is not None:
+    preset.update(config_values(args, TrainConfig, only=PRESET_SETTINGS))  # the settings given on the command line
+    for name in ("model", "results_dir"):
+        if getattr(args, name) is not None:
             preset[name] = getattr(args, name)
     if "clips" in preset:
         return preset

@@ -11,11 +11,9 @@ Examples:
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from ..card import PLOT_NAME
 from ..data import DATASET_SPECS
-from ..evaluation import evaluate_checkpoint, plot_sweep_summary, resolve_eval_target, write_json
+from ..evaluation import evaluate_checkpoint, resolve_eval_target, save_evaluation
 
 
 def ints(text: str | None) -> list[int] | None:
@@ -39,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="score shuffled patches at the training size, at every size, or not at all")
     parser.add_argument("--output", default=None, help="results JSON; its plot goes beside it as .png (default: "
                         "CHECKPOINT/eval.json and CHECKPOINT/accuracy_vs_size.png, which its model card shows)")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,10 +52,7 @@ def run(args: argparse.Namespace) -> int:
                                  split=args.split, batch_size=args.batch_size, eval_size=args.eval_size,
                                  patch_shuffle={"trained": True, "all": "all", "none": False}[args.patch_shuffle],
                                  clips=args.clips.split(",") if args.clips else None)
-    output = Path(args.output) if args.output else checkpoint / "eval.json"
-    plot = output.with_suffix(".png") if args.output else checkpoint / PLOT_NAME
-    write_json(result, output)
-    plot_sweep_summary([result], plot, title=f"{result['architecture']} ({result['encoding']})")
+    output, plot = save_evaluation(result, checkpoint, args.output)
     print(f"{'size':>6} {'interp':>6} {'shuffle':>7} {'top-1':>7} {'top-5':>7}")
     for row in result["rows"]:
         print(f"{row['size']:>6} {str(row['interpolation']):>6} {str(row.get('patch_shuffle', False)):>7} "

@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--res", type=int, default=224, help="image size")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--encodings", default="all", help="comma-separated, or 'all'")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--output", default=None, help="write the results JSON here")
 
 

@@ -38,6 +38,8 @@ import torch
 from PIL import Image, ImageDraw
 from torch.utils.data import Dataset
 
+from ..settings import setting
+
 __all__ = ["ArrowConfig", "ArrowDataset", "DIRECTIONS", "STEPS", "arrow_statistics", "paper_setting",
            "render_glyphs"]
 
@@ -50,12 +52,14 @@ _STATISTICS_SEED, _STATISTICS_SAMPLES = 7_000_003, 2048
 
 @dataclass(frozen=True)
 class ArrowConfig:
-    grid: int = 4
-    cell: int = 12
-    num_arrows: int = 4
-    num_letters: int = 0
-    hard_negatives: int = 0
-    isolated: bool = False
+    """The arrow task's setting; each field is also a ``pape-hub train --arrow-*`` flag."""
+
+    grid: int = setting(4, "arrow task: cells per side")
+    cell: int = setting(12, "arrow task: cell size in pixels")
+    num_arrows: int = setting(4, "arrow task: arrows per image", flag="arrows")
+    num_letters: int = setting(0, "arrow task: distractor letters", flag="letters")
+    hard_negatives: int = setting(0, "arrow task: distractor arrows next to the Y")
+    isolated: bool = setting(False, "arrow task control: no distractor arrow next to the Y (direction not needed)")
 
     def __post_init__(self) -> None:
         if self.isolated and self.hard_negatives:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..settings import setting
 from .arrows import DIRECTIONS, STEPS
 from .images import TransformedDataset
 
@@ -42,11 +43,13 @@ _STATISTICS_SEED, _STATISTICS_SAMPLES = 7_100_003, 512
 
 @dataclass(frozen=True)
 class MotionConfig:
-    frames: int = 6
-    grid: int = 5
-    cell: int = 8
-    distractors: int = 0
-    tubelet_frames: int = 2
+    """The motion task's setting; each field is also a ``pape-hub train --motion-*`` flag."""
+
+    frames: int = setting(6, "motion task: frames per clip")
+    grid: int = setting(5, "motion task: cells per side")
+    cell: int = setting(8, "motion task: cell size in pixels")
+    distractors: int = setting(0, "motion task: squares that stand still")
+    tubelet_frames: int = setting(2, "motion task: frames per time step (the model's tubelet length)")
 
     def __post_init__(self) -> None:
         if self.frames % self.tubelet_frames:

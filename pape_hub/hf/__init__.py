@@ -1,4 +1,4 @@
-"""The transformers face: ``import pape_hub`` registers these with the Auto classes.
+"""The transformers face: ``import pape_hub`` registers these with the Auto classes once transformers is imported.
 
 Images: ``AutoConfig`` (``model_type="pape_vit"``), ``AutoModel``, ``AutoModelForImageClassification``,
 ``AutoImageProcessor``. Video: ``AutoConfig`` (``model_type="pape_vivit"``), ``AutoModel``,
@@ -15,8 +15,7 @@ from transformers import (
     AutoVideoProcessor,
 )
 
-from ..models.zoo import SOURCE_CONFIG_CHECKS
-from .configuration_pape_vit import PapeViTConfig, check_config_agreement
+from .configuration_pape_vit import PapeViTConfig
 from .configuration_pape_vivit import PapeViViTConfig
 from .convert import (
     image_processor_for,
@@ -30,8 +29,6 @@ from .modeling_pape_vit import PapeViTForImageClassification, PapeViTModel, Pape
 from .modeling_pape_vivit import PapeViViTForVideoClassification, PapeViViTModel, PapeViViTPreTrainedModel
 from .video_processing_pape_vivit import PapeViViTVideoProcessor
 
-if check_config_agreement not in SOURCE_CONFIG_CHECKS:  # timm's local-dir: / hf-hub: loads check both faces' fields
-    SOURCE_CONFIG_CHECKS.append(check_config_agreement)
 AutoConfig.register(PapeViTConfig.model_type, PapeViTConfig, exist_ok=True)
 AutoModel.register(PapeViTConfig, PapeViTModel, exist_ok=True)
 AutoModelForImageClassification.register(PapeViTConfig, PapeViTForImageClassification, exist_ok=True)

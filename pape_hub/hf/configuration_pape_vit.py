@@ -70,20 +70,26 @@ class PapeViTConfig(PreTrainedConfig):
         :meth:`core_kwargs` gives every constructor argument; the recorded one is preferred."""
         return self.timm_architecture or f"vit_t4_{self.position_encoding}"
 
+    #: transformers field -> the core's constructor argument, one row each (both directions are read from it; a
+    #: field's default is the class attribute above). ``intermediate_size`` is ``mlp_ratio`` times the width.
+    core_fields = (
+        ("hidden_size", "embed_dim"), ("num_hidden_layers", "depth"), ("num_attention_heads", "num_heads"),
+        ("image_size", "img_size"), ("patch_size", "patch_size"), ("num_channels", "in_chans"),
+        ("qkv_bias", "qkv_bias"), ("qk_norm", "qk_norm"), ("use_class_token", "class_token"),
+        ("pooling", "global_pool"), ("position_encoding", "position_encoding"),
+        ("position_encoding_kwargs", "position_encoding_kwargs"), ("position_interpolation", "position_interpolation"),
+        ("hidden_dropout_prob", "proj_drop_rate"), ("attention_probs_dropout_prob", "attn_drop_rate"),
+        ("drop_path_rate", "drop_path_rate"), ("use_fc_norm", "fc_norm"), ("layerscale_value", "init_values"),
+        ("layer_norm_eps", "norm_eps"),
+    )
+
     def core_kwargs(self, num_classes: int) -> dict[str, Any]:
-        """Constructor arguments of the shared core ``VisionTransformer`` (the timm model)."""
+        """Constructor arguments of the shared core ``VisionTransformer`` (the timm model), by :attr:`core_fields`."""
         if self.hidden_act != "gelu":
             raise ValueError(f"pape_vit supports hidden_act='gelu' only, got {self.hidden_act!r}")
-        return dict(
-            img_size=self.image_size, patch_size=self.patch_size, in_chans=self.num_channels, num_classes=num_classes,
-            global_pool=self.pooling, embed_dim=self.hidden_size, depth=self.num_hidden_layers,
-            num_heads=self.num_attention_heads, mlp_ratio=self.intermediate_size / self.hidden_size,
-            qkv_bias=self.qkv_bias, qk_norm=self.qk_norm, class_token=self.use_class_token,
-            position_encoding=self.position_encoding, position_encoding_kwargs=self.position_encoding_kwargs or {},
-            position_interpolation=self.position_interpolation, proj_drop_rate=self.hidden_dropout_prob,
-            attn_drop_rate=self.attention_probs_dropout_prob, drop_path_rate=self.drop_path_rate,
-            fc_norm=self.use_fc_norm, init_values=self.layerscale_value, norm_eps=self.layer_norm_eps,
-        )
+        kwargs = {core: getattr(self, field) for field, core in self.core_fields}
+        return dict(kwargs, num_classes=num_classes, mlp_ratio=self.intermediate_size / self.hidden_size,
+                    position_encoding_kwargs=self.position_encoding_kwargs or {})
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> PapeViTConfig:
@@ -97,24 +103,15 @@ class PapeViTConfig(PreTrainedConfig):
 
     @classmethod
     def from_core_kwargs(cls, kwargs: dict[str, Any], **extra: Any) -> PapeViTConfig:
-        """The inverse of :meth:`core_kwargs` (timm model arguments -> configuration)."""
-        img = kwargs.get("img_size", 224)
-        img = img[0] if isinstance(img, (list, tuple)) else img
-        dim = kwargs.get("embed_dim", 768)
-        return cls(
-            hidden_size=dim, num_hidden_layers=kwargs.get("depth", 12), num_attention_heads=kwargs.get("num_heads", 12),
-            intermediate_size=int(dim * kwargs.get("mlp_ratio", 4.0)), image_size=img,
-            patch_size=kwargs.get("patch_size", 16), num_channels=kwargs.get("in_chans", 3),
-            qkv_bias=kwargs.get("qkv_bias", True), qk_norm=kwargs.get("qk_norm", False),
-            use_class_token=kwargs.get("class_token", True), pooling=kwargs.get("global_pool", "token"),
-            position_encoding=kwargs.get("position_encoding", "ape"),
-            position_encoding_kwargs=kwargs.get("position_encoding_kwargs") or None,
-            position_interpolation=kwargs.get("position_interpolation", False),
-            hidden_dropout_prob=kwargs.get("proj_drop_rate", 0.0), attention_probs_dropout_prob=kwargs.get(
-                "attn_drop_rate", 0.0), drop_path_rate=kwargs.get("drop_path_rate", 0.0),
-            use_fc_norm=kwargs.get("fc_norm"), layerscale_value=kwargs.get("init_values"),
-            layer_norm_eps=kwargs.get("norm_eps", 1e-6), **extra,
-        )
+        """The inverse of :meth:`core_kwargs` (timm model arguments -> configuration); an argument left out takes
+        the field's default."""
+        values = {field: kwargs[core] for field, core in cls.core_fields if core in kwargs}
+        if isinstance(values.get("image_size"), (list, tuple)):
+            values["image_size"] = values["image_size"][0]  # square inputs: (224, 224) -> 224
+        width = values.get("hidden_size", cls.hidden_size)
+        values["intermediate_size"] = int(width * kwargs.get("mlp_ratio", cls.intermediate_size / cls.hidden_size))
+        values["position_encoding_kwargs"] = values.get("position_encoding_kwargs") or None
+        return cls(**values, **extra)
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -31,19 +31,18 @@ class PapeViViTConfig(PapeViTConfig):
     def timm_name(self) -> str:
         return self.timm_architecture or f"vivit_t16_{self.position_encoding}"
 
+    #: the image rows, the tubelet's h as ``patch_size`` (its own row below), and ViViT's own
+    core_fields = tuple(row for row in PapeViTConfig.core_fields if row[0] != "patch_size") + (
+        ("num_frames", "num_frames"), ("tubelet_size", "tubelet_size"), ("temporal_scale", "temporal_scale"))
+
     def core_kwargs(self, num_classes: int) -> dict[str, Any]:
         """Constructor arguments of the shared core ``VideoVisionTransformer`` (the timm model)."""
-        kwargs = super().core_kwargs(num_classes)
-        kwargs.pop("patch_size")
-        return dict(kwargs, num_frames=self.num_frames, tubelet_size=list(self.tubelet_size),
-                    temporal_scale=self.temporal_scale)
+        return dict(super().core_kwargs(num_classes), tubelet_size=list(self.tubelet_size))
 
     @classmethod
     def from_core_kwargs(cls, kwargs: dict[str, Any], **extra: Any) -> PapeViViTConfig:
-        tubelet = [int(v) for v in kwargs.get("tubelet_size", (2, 16, 16))]
-        return super().from_core_kwargs(
-            {**kwargs, "patch_size": tubelet[1]}, num_frames=kwargs.get("num_frames", 16), tubelet_size=tubelet,
-            temporal_scale=kwargs.get("temporal_scale", 1.0), **extra)
+        tubelet = [int(v) for v in kwargs.get("tubelet_size", cls.tubelet_size)]
+        return super().from_core_kwargs({**kwargs, "tubelet_size": tubelet}, patch_size=tubelet[1], **extra)
 
 
 CONFIG_CLASSES[PapeViViTConfig.model_type] = PapeViViTConfig
