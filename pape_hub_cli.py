@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser, module = command_parser(name)
         args = parser.parse_args(rest)
+        args.command_line = [name, *rest]  # what results record as the command that wrote them
         return int(module.run(args) or 0)
     except KeyboardInterrupt:
         print(f"pape-hub {name}: interrupted", file=sys.stderr)

@@ -22,9 +22,10 @@ from typing import Any
 import timm
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from .hf.configuration_pape_vit import check_config_agreement
+from .hf.remote_code import write_remote_code
 
 __all__ = ["atomic_write", "load_checkpoint", "newest_complete", "read_config", "recover_dir",
            "replace_dir", "save_checkpoint"]
@@ -94,45 +95,44 @@ def save_checkpoint(model: torch.nn.Module, directory: str | Path, results: dict
                     label_names: list[str] | None = None, data_config: dict[str, Any] | None = None,
                     extra: dict[str, Any] | None = None) -> Path:
     """Write ``model`` (a pape_hub timm model, or the transformers face) to ``directory`` in the layout both faces
-    load: transformers' ``save_pretrained`` (safetensors, ``auto_map``, code files) with timm's fields in the same
-    ``config.json``, and the image processor. ``results`` (an evaluation, e.g. from ``pape-hub eval``) is written
-    as ``eval.json``, which the model card is made from. The folder is written beside ``directory`` and swapped
-    in whole, so an interrupted save leaves the previous checkpoint intact."""
-    from transformers.utils import logging as hf_logging
-
-    from .hf.convert import processor_for, timm_to_transformers, transformers_to_timm
+    load: what the transformers face's ``save_pretrained`` writes (safetensors with the ``vit.`` prefix,
+    ``auto_map``, code files) with timm's fields in the same ``config.json``, and the processor. ``results`` (an
+    evaluation, e.g. from ``pape-hub eval``) is written as ``eval.json``, which the model card is made from. Each
+    file is written once, from the model's own tensors (no second model is built); the folder is written beside
+    ``directory`` and swapped in whole, so an interrupted save leaves the previous checkpoint intact."""
+    from .hf.convert import config_from_timm, processor_for, transformers_class
+    from .hf.modeling_pape_vit import folder_fields
 
     directory = Path(directory)
-    if hasattr(model, "vit") and hasattr(model, "config"):  # the transformers face: its core is the timm model
-        hf_config = model.config
-        label_names = label_names or [hf_config.id2label[i] for i in range(len(hf_config.id2label))]
-        data_config = data_config or dict(mean=list(hf_config.image_mean), std=list(hf_config.image_std))
-        model = transformers_to_timm(model)
+    face = hasattr(model, "vit") and hasattr(model, "config")  # the transformers face: its core is the timm model
+    core = model.vit if face else model
+    if face:
+        data_config = data_config or dict(mean=list(model.config.image_mean), std=list(model.config.image_std))
+        cfg = timm.models.get_pretrained_cfg(model.config.timm_name()).to_dict()  # what timm builds it with
+    else:
+        cfg = getattr(model, "pretrained_cfg", None) or {}
     # how inputs are cropped and resized travels with the model (a converted source's crop_pct), unless given
-    cfg = getattr(model, "pretrained_cfg", None) or {}
     data_config = {**{k: cfg[k] for k in ("crop_pct", "crop_mode", "interpolation") if cfg.get(k) is not None},
                    **(data_config or {})}
-    mean, std = data_config.get("mean"), data_config.get("std")
-    hf_model = timm_to_transformers(model, label_names, image_mean=mean, image_std=std)
+    hf_config = model.config if face else config_from_timm(model, label_names, data_config.get("mean"),
+                                                           data_config.get("std"))
+    hf_class = transformers_class(hf_config, head=bool(core.num_classes))
+    config = {**hf_config.to_diff_dict(), "architectures": [hf_class.__name__],
+              "dtype": str(next(core.parameters()).dtype).removeprefix("torch."),
+              **folder_fields(hf_class.auto_map, hf_config, core), "pape_hub": dict(extra or {})}
+    keys = ("input_size", "mean", "std", "crop_pct", "crop_mode", "interpolation")
+    config["pretrained_cfg"].update({k: list(v) if isinstance(v, (list, tuple)) else v
+                                     for k, v in data_config.items() if k in keys})
     tmp = directory.with_name(f".{directory.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # one "Writing model shards" bar per save would drown training's output
-    try:
-        hf_model.save_pretrained(tmp)
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
-    processor_for(hf_model.config).save_pretrained(tmp)  # pipeline("image-classification", model=folder)
+    tmp.mkdir(parents=True)
+    weights = {f"vit.{k}": v.detach().contiguous() for k, v in core.state_dict().items()}  # the transformers keys
+    save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
+    (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_remote_code(tmp, entries=[v.split(".")[0] for v in hf_class.auto_map.values()])
+    processor_for(hf_config).save_pretrained(tmp)  # pipeline("image-classification", model=folder)
     if results is not None:
         (tmp / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
-    config = json.loads((tmp / CONFIG).read_text())
-    config["pape_hub"] = dict(extra or {})  # training facts; the encoding is position_encoding, stated once
-    if data_config:
-        keys = ("input_size", "mean", "std", "crop_pct", "crop_mode", "interpolation")
-        config["pretrained_cfg"].update({k: list(v) if isinstance(v, (list, tuple)) else v
-                                         for k, v in data_config.items() if k in keys})
-    (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     replace_dir(tmp, directory)
     return directory
 

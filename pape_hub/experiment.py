@@ -23,8 +23,8 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
-__all__ = ["aggregate", "bootstrap_interval", "columns", "parse_encodings", "plot_results", "run_jobs", "summary_table",
-           "train_and_evaluate", "write_results"]
+__all__ = ["aggregate", "bootstrap_interval", "columns", "make_job", "parse_encodings", "plot_results",
+           "run_comparison", "run_jobs", "summary_table", "train_and_evaluate", "write_results"]
 
 _SPEC = re.compile(r"^(\w+)(?:\[(.*)\])?$")
 
@@ -48,6 +48,37 @@ def parse_encodings(text: str, every: list[str]) -> list[tuple[str, str, dict[st
                 kwargs[key.strip()] = value.strip()
         out.append((spec, match.group(1), kwargs))
     return out
+
+
+def make_job(label: str, encoding_kwargs: dict[str, Any], seed: int, root: Path, train: dict[str, Any],
+             sweep: dict[str, Any]) -> dict[str, Any]:
+    """One (encoding, seed) job: ``train`` (TrainConfig fields) with the encoding's own arguments added to its
+    ``model_kwargs``, the seed, and the run's folder ``root/<label>_seed<seed>``; ``sweep``: the evaluation."""
+    folder = re.sub(r"[^\w.=-]+", "_", label).strip("_")
+    model_kwargs = dict(train.get("model_kwargs", {}),
+                        **({"position_encoding_kwargs": encoding_kwargs} if encoding_kwargs else {}))
+    return dict(encoding=label, sweep=sweep, train=dict(train, model_kwargs=model_kwargs, seed=seed,
+                                                         output_dir=str(root / f"{folder}_seed{seed}")))
+
+
+def run_comparison(jobs: list[dict[str, Any]], workers: int, describe: Callable[[dict[str, Any]], str],
+                   facts: dict[str, Any], sizes: list[Any], unit: str, results_dir: Path | None, title: str,
+                   publish: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Run the jobs (:func:`run_jobs`), summarise them over seeds (``facts`` first: provenance, task, model,
+    recipe), print the table, ``publish`` (e.g. push checkpoints) and write the results (:func:`write_results`)."""
+    started = time.time()
+    results, failed = run_jobs(jobs, workers, started, describe)
+    summary = dict(facts, sizes=sizes, unit=unit, seeds=list(dict.fromkeys(j["train"]["seed"] for j in jobs)),
+                   encodings=list(dict.fromkeys(j["encoding"] for j in jobs)), failed=failed,
+                   aggregate=aggregate(results, sizes, unit), runs=results)
+    print("\n" + summary_table(summary))
+    if publish is not None and results:
+        summary["hub"] = publish(summary)
+    summary["wall_s"] = round(time.time() - started)
+    if results_dir is not None and results:
+        write_results(summary, results_dir, title=title)
+        print(f"\nwrote {results_dir}/summary.json, summary.md, accuracy_vs_size.png")
+    return summary
 
 
 def train_and_evaluate(job: dict[str, Any], progress: Any = None) -> dict[str, Any]:

@@ -21,10 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from ..experiment import make_job
 
 DEFAULT_ENCODINGS = ["ape", "rope_mixed", "pape", "pape_ri", "liere8", "alibi"]
 ARROW_MODEL = dict(embed_dim=96, depth=4, num_heads=4, global_pool="avg", class_token=False)
@@ -85,29 +85,24 @@ def model_name(encoding: str) -> str:
 
 def arrow_job(label: str, encoding: str, kwargs: dict[str, Any], seed: int, setting: dict[str, int], epochs: int,
               args: argparse.Namespace, root: Path, grids: list[int]) -> dict[str, Any]:
-    model_kwargs = dict(ARROW_MODEL, patch_size=setting["cell"], **({"position_encoding_kwargs": kwargs} if kwargs
-                                                                     else {}))
-    folder = re.sub(r"[^\w.=-]+", "_", label).strip("_")
-    train = dict(model=model_name(encoding), model_kwargs=model_kwargs,
-                 dataset="arrows", output_dir=str(root / f"{folder}_seed{seed}"), epochs=epochs, batch_size=128,
-                 lr=2e-3, warmup_epochs=1, label_smoothing=0.0, drop_path=0.0, weight_decay=0.05,
-                 recipe=args.recipe, train_size=args.train_size, eval_size=args.eval_size, seed=seed, arrow=setting,
-                 quiet=False,
-                 overwrite=True, init_from=args.init_from.format(seed=seed) if args.init_from else None)
-    return dict(encoding=label, train=train, sweep=dict(dataset="arrows", sizes=grids, eval_size=args.eval_size))
+    train = dict(model=model_name(encoding), model_kwargs=dict(ARROW_MODEL, patch_size=setting["cell"]),
+                 dataset="arrows", epochs=epochs, batch_size=128, lr=2e-3, warmup_epochs=1, label_smoothing=0.0,
+                 drop_path=0.0, weight_decay=0.05, recipe=args.recipe, train_size=args.train_size,
+                 eval_size=args.eval_size, arrow=setting, quiet=False, overwrite=True,
+                 init_from=args.init_from.format(seed=seed) if args.init_from else None)
+    return make_job(label, kwargs, seed, root, train, sweep=dict(dataset="arrows", sizes=grids,
+                                                                  eval_size=args.eval_size))
 
 
 def run(args: argparse.Namespace) -> int:
     from ..encodings import list_encodings
-    from ..experiment import aggregate, parse_encodings, run_jobs, summary_table, write_results
+    from ..experiment import parse_encodings, run_comparison
     from ..provenance import provenance
     from ..recipes import get_recipe
 
-    started = time.time()
     get_recipe(args.recipe)  # an unknown recipe fails here, before any worker starts
     setting_name, setting, epochs, results_dir = run_setting(args)
     specs = parse_encodings("all" if args.full else args.encodings, list_encodings())
-    encodings = [label for label, _, _ in specs]
     seeds = [int(s) for s in args.seeds.split(",")]
     grids = [int(g) for g in args.eval_grids.split(",")] if args.eval_grids else \
         [setting["grid"], setting["grid"] + 2, setting["grid"] + 4]
@@ -128,26 +123,18 @@ def run(args: argparse.Namespace) -> int:
                    and not r.get("patch_shuffle"))
         return f"best val {result['train']['best_val_top1']:.3f}, test grid {grids[0]} {top:.3f}"
 
-    results, failed = run_jobs(jobs, args.jobs, started, describe)
-    summary = dict(provenance=provenance("arrows", ["arrows", *sys.argv[2:]] if sys.argv[1:2] == ["arrows"]
-                                         else None),
-                   task=dict(setting=setting_name, **setting), model=dict(ARROW_MODEL, patch_size=setting["cell"]),
-                   recipe={**{k: v for k, v in jobs[0]["train"].items() if k not in ("output_dir", "seed", "model",
-                                                                                         "model_kwargs")},
-                           "init_from": args.init_from},
-                   epochs=epochs, train_size=args.train_size, eval_size=args.eval_size, sizes=grids, unit="grid",
-                   seeds=seeds, encodings=encodings, failed=failed, aggregate=aggregate(results, grids), runs=results)
-    print("\n" + summary_table(summary))
-    if hub is not None and results:
-        cards_dir = Path("model_cards") if results_dir == Path("results/arrows_main_job") else None
-        summary["hub"] = publish(summary, hub, cards_dir)
-    summary["wall_s"] = round(time.time() - started)
-    if results_dir is not None:
-        write_results(summary, results_dir, title=f"arrow task ({setting_name}), trained on grid {grids[0]}, mean "
-                      f"and range over seeds {seeds}")
-        print(f"\nwrote {results_dir}/summary.json, summary.md, accuracy_vs_size.png")
-    print(f"wall time {time.time() - started:.0f}s; checkpoints (with model cards) in {root}/<encoding>_seed<k>/best")
-    return 1 if failed else 0
+    recipe = {k: v for k, v in jobs[0]["train"].items() if k not in ("output_dir", "seed", "model", "model_kwargs")}
+    facts = dict(provenance=provenance("arrows", getattr(args, "command_line", None)),
+                 task=dict(setting=setting_name, **setting), model=dict(ARROW_MODEL, patch_size=setting["cell"]),
+                 recipe={**recipe, "init_from": args.init_from}, epochs=epochs, train_size=args.train_size,
+                 eval_size=args.eval_size)
+    cards_dir = Path("model_cards") if results_dir == Path("results/arrows_main_job") else None
+    summary = run_comparison(jobs, args.jobs, describe, facts, grids, "grid", results_dir,
+                             title=f"arrow task ({setting_name}), trained on grid {grids[0]}, mean and range over "
+                             f"seeds {seeds}",
+                             publish=None if hub is None else lambda summary: publish(summary, hub, cards_dir))
+    print(f"wall time {summary['wall_s']}s; checkpoints (with model cards) in {root}/<encoding>_seed<k>/best")
+    return 1 if summary["failed"] else 0
 
 
 def publish(summary: dict[str, Any], hub: Any, cards_dir: Path | None) -> dict[str, Any]:

@@ -72,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 STARTUP = {
     "import timm": ["-c", "import timm"],
     "import pape_hub": ["-c", "import pape_hub"],
+    # where the transformers face's cost went: paid by the first transformers import, with the face registered
+    "import timm, transformers": ["-c", "import timm, transformers"],
+    "import pape_hub, transformers": ["-c", "import pape_hub, transformers"],
     "pape-hub --help": ["-m", "pape_hub_cli", "--help"],
     "pape-hub train --help": ["-m", "pape_hub_cli", "train", "--help"],
     "pape-hub eval --help": ["-m", "pape_hub_cli", "eval", "--help"],

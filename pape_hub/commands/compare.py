@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -101,14 +98,12 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from ..encodings import list_encodings
-    from ..experiment import aggregate, parse_encodings, run_jobs, summary_table, write_results
+    from ..experiment import make_job, parse_encodings, run_comparison
     from ..provenance import provenance
 
-    started = time.time()
     setup = resolve(args)
     default = DEFAULT_ENCODINGS if "clips" not in setup else DEFAULT_ENCODINGS.replace(",lookhere", "")
     specs = parse_encodings(args.encodings or default, list_encodings())
-    encodings = [label for label, _, _ in specs]
     seeds = [int(s) for s in args.seeds.split(",")]
     name = args.dataset.replace(":", "_").replace("/", "_")
     root = Path(args.output_dir or f"outputs/compare_{name}")
@@ -116,18 +111,12 @@ def run(args: argparse.Namespace) -> int:
     sizes = setup["clips"] if video else setup["resolutions"]
     recipe = {k: v for k, v in setup.items() if k not in ("resolutions", "clips", "results_dir", "model_kwargs",
                                                           "model")}
-    jobs = []
-    for label, enc, kwargs in specs:
-        model_kwargs = dict(setup["model_kwargs"], **({"position_encoding_kwargs": kwargs} if kwargs else {}))
-        sweep = dict(dataset=args.dataset, **({"clips": sizes} if video else {"resolutions": sizes}))
-        if "eval_size" in setup:
-            sweep["eval_size"] = setup["eval_size"]
-        folder = re.sub(r"[^\w.=-]+", "_", label).strip("_")
-        for seed in seeds:
-            train = dict(model=setup["model"].format(encoding=enc), model_kwargs=model_kwargs, dataset=args.dataset,
-                         output_dir=str(root / f"{folder}_seed{seed}"), seed=seed, quiet=False, overwrite=True,
-                         **recipe)
-            jobs.append(dict(encoding=label, train=train, sweep=sweep))
+    sweep = dict(dataset=args.dataset, **({"clips": sizes} if video else {"resolutions": sizes}),
+                 **({"eval_size": setup["eval_size"]} if "eval_size" in setup else {}))
+    jobs = [make_job(label, kwargs, seed, root, sweep=sweep,
+                     train=dict(model=setup["model"].format(encoding=enc), model_kwargs=setup["model_kwargs"],
+                                dataset=args.dataset, quiet=False, overwrite=True, **recipe))
+            for label, enc, kwargs in specs for seed in seeds]
     print(f"training {len(jobs)} model(s) on {args.dataset}, {setup['epochs']} epochs, {args.jobs} at a time; "
           f"evaluating at {sizes}; logs in {root}/", flush=True)
 
@@ -135,18 +124,10 @@ def run(args: argparse.Namespace) -> int:
         test = result["train"].get("test", {}).get("top1")
         return f"best val {result['train']['best_val_top1']:.3f}" + (f", test {test:.3f}" if test is not None else "")
 
-    results, failed = run_jobs(jobs, args.jobs, started, describe)
-    summary = dict(provenance=provenance("compare", ["compare", *sys.argv[2:]] if sys.argv[1:2] == ["compare"]
-                                         else None),
-                   dataset=args.dataset, model=dict(setup["model_kwargs"], name=setup["model"]), recipe=recipe,
-                   sizes=sizes, unit="clip" if video else "px", seeds=seeds, encodings=encodings, failed=failed,
-                   aggregate=aggregate(results, sizes, "clip" if video else "px"), runs=results,
-                   wall_s=round(time.time() - started))
-    print("\n" + summary_table(summary))
+    facts = dict(provenance=provenance("compare", getattr(args, "command_line", None)), dataset=args.dataset,
+                 model=dict(setup["model_kwargs"], name=setup["model"]), recipe=recipe)
     results_dir = None if setup["results_dir"] == "none" else Path(setup["results_dir"])
-    if results_dir is not None and results:
-        write_results(summary, results_dir, title=f"{args.dataset}: trained at {sizes[0]}, mean and range over "
-                      f"seeds {seeds}")
-        print(f"\nwrote {results_dir}/summary.json, summary.md, accuracy_vs_size.png")
-    print(f"wall time {time.time() - started:.0f}s; checkpoints in {root}/<encoding>_seed<k>/best")
-    return 1 if failed else 0
+    summary = run_comparison(jobs, args.jobs, describe, facts, sizes, "clip" if video else "px", results_dir,
+                             title=f"{args.dataset}: trained at {sizes[0]}, mean and range over seeds {seeds}")
+    print(f"wall time {summary['wall_s']}s; checkpoints in {root}/<encoding>_seed<k>/best")
+    return 1 if summary["failed"] else 0

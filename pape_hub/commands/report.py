@@ -175,6 +175,8 @@ def recipe_block(results: Path, baseline: str, other: str, learned: float = 0.30
     missing = [name for name, data in runs.items() if data is None]
     if missing:
         return f"_Not measured yet: `results/{missing[0]}/summary.json` is missing._\n"
+    common = [seed for seed in runs[baseline]["seeds"] if seed in runs[other]["seeds"]]
+    runs = {name: on_seeds(data, common) for name, data in runs.items()}  # the same seeds on both sides
     names = {name: data["recipe"].get("recipe", "default") for name, data in runs.items()}
     sizes = runs[baseline]["sizes"]
     labels = [f"grid {sizes[0]}", f"grid {sizes[-1]}"]
@@ -200,6 +202,48 @@ def recipe_block(results: Path, baseline: str, other: str, learned: float = 0.30
                           for n in runs) + "."
               "", f"Mean ± std over seeds {runs[other]['seeds']}. `{names[other]}`: {provenance_line(runs[other])}"]
     return "\n".join(lines) + "\n"
+
+
+def on_seeds(data: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
+    """A comparison's summary restricted to ``seeds`` (runs and aggregate)."""
+    from ..experiment import aggregate
+
+    runs = [r for r in data["runs"] if r["seed"] in seeds]
+    return dict(data, runs=runs, seeds=list(seeds), aggregate=aggregate(runs, data["sizes"], data["unit"]))
+
+
+def rerun_block(results: Path, earlier: str, later: str) -> str:
+    """A re-run of a comparison against the table it replaced: the runs of the seeds both hold, equal bit for bit
+    or by how much, and whether each earlier mean lies inside the later run's 95% bootstrap interval."""
+    from ..experiment import aggregate, columns
+
+    runs = {name: load(results, f"{name}/summary.json") for name in (earlier, later)}
+    if any(data is None for data in runs.values()):
+        return f"_Not measured yet: `results/{earlier}` or `results/{later}` is missing._\n"
+    old, new = runs[earlier], runs[later]
+    shared = [seed for seed in old["seeds"] if seed in new["seeds"]]
+    labels = [c[0] for c in columns(old["sizes"], old["unit"])]
+    key = {(r["encoding"], r["seed"]): {row_key(row): row["top1"] for row in r["rows"]} for r in old["runs"]}
+    later_stats = aggregate(new["runs"], new["sizes"], new["unit"])
+    lines = ["| encoding | runs equal bit for bit | largest top-1 difference | earlier means inside the later "
+             "intervals |", "|---|---|---|---|"]
+    for enc in old["encodings"]:
+        pairs = [(key[(enc, r["seed"])], {row_key(row): row["top1"] for row in r["rows"]}) for r in new["runs"]
+                 if r["encoding"] == enc and r["seed"] in shared and (enc, r["seed"]) in key]
+        equal = sum(a == b for a, b in pairs)
+        largest = max((abs(a[k] - b[k]) for a, b in pairs for k in a if k in b), default=0.0)
+        inside = [label for label in labels if label in old["aggregate"].get(enc, {}) and label in later_stats[enc]
+                  and later_stats[enc][label]["ci95"][0] - 1e-9 <= old["aggregate"][enc][label]["mean"]
+                  <= later_stats[enc][label]["ci95"][1] + 1e-9]
+        lines.append(f"| `{enc}` | {equal} of {len(pairs)} | {largest:.3f} | {len(inside)} of {len(labels)} |")
+    lines += ["", f"Seeds {', '.join(map(str, shared))} of `results/{earlier}` (the earlier table) against the same "
+              f"seeds of `results/{later}`, every column; the intervals are the later run's over seeds "
+              f"{', '.join(map(str, new['seeds']))}. Earlier: {provenance_line(old)} Later: {provenance_line(new)}"]
+    return "\n".join(lines) + "\n"
+
+
+def row_key(row: dict[str, Any]) -> tuple[Any, bool, bool]:
+    return row["size"], bool(row["interpolation"]), bool(row.get("patch_shuffle"))
 
 
 def _solved(data: dict[str, Any], encoding: str, size: int) -> int:
@@ -255,6 +299,7 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "recipe_bisection": ("arrows", lambda r: comparison_block(r, "recipe_bisection",
                                                               "`python scripts/recipe_bisection.py`")),
     "recipes_ranking": ("arrows", lambda r: recipe_block(r, "arrows_main_job", "arrows_main_job_paper_pape")),
+    "main_job_rerun": ("arrows", lambda r: rerun_block(r, "arrows_main_job_3_seeds", "arrows_main_job")),
     "digits": ("compare", lambda r: comparison_block(r, "digits", "`pape-hub compare --dataset digits`")),
     "video": ("compare", lambda r: comparison_block(r, "video_motion", "`pape-hub compare --dataset motion`")),
     "video_absolute_long": ("compare", lambda r: comparison_block(r, "video_motion_absolute_long",

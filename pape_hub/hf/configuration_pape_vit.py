@@ -30,6 +30,7 @@ class PapeViTConfig(PreTrainedConfig):
     """
 
     model_type = "pape_vit"
+    is_video = False  # a class attribute, not a saved field
 
     hidden_size: int = 768
     num_hidden_layers: int = 12

@@ -23,6 +23,7 @@ class PapeViViTConfig(PapeViTConfig):
     """
 
     model_type = "pape_vivit"
+    is_video = True
 
     num_frames: int = 16
     tubelet_size: list[int] | tuple[int, ...] = (2, 16, 16)

@@ -8,7 +8,6 @@ from typing import Any
 import timm
 
 from ..models.vit import VisionTransformer
-from ..models.vivit import VideoVisionTransformer
 from .configuration_pape_vit import PapeViTConfig
 from .configuration_pape_vivit import PapeViViTConfig
 from .image_processing_pape_vit import PapeViTImageProcessor
@@ -16,12 +15,9 @@ from .modeling_pape_vit import PapeViTForImageClassification, PapeViTModel
 from .modeling_pape_vivit import PapeViViTForVideoClassification, PapeViViTModel
 from .video_processing_pape_vivit import PapeViViTVideoProcessor
 
-__all__ = ["config_from_timm", "image_processor_for", "processor_for", "timm_to_transformers", "transformers_to_timm",
+__all__ = ["config_from_timm", "image_processor_for", "processor_for", "timm_to_transformers", "transformers_class",
+           "transformers_to_timm",
            "video_processor_for"]
-
-
-def _is_video(model: VisionTransformer) -> bool:
-    return isinstance(model, VideoVisionTransformer)
 
 
 def config_from_timm(model: VisionTransformer, label_names: list[str] | None = None,
@@ -36,10 +32,10 @@ def config_from_timm(model: VisionTransformer, label_names: list[str] | None = N
 
     full = {**model_args_for(architecture), **args}
     full["img_size"] = list(model.patch_embed.img_size)
-    if _is_video(model):
+    if model.is_video:
         full["num_frames"] = model.patch_embed.num_frames
     labels = label_names or [f"LABEL_{i}" for i in range(model.num_classes)]
-    config_class = PapeViViTConfig if _is_video(model) else PapeViTConfig
+    config_class = PapeViViTConfig if model.is_video else PapeViTConfig
     return config_class.from_core_kwargs(
         full, timm_architecture=architecture, id2label=dict(enumerate(labels)),
         label2id={name: i for i, name in enumerate(labels)},
@@ -48,16 +44,19 @@ def config_from_timm(model: VisionTransformer, label_names: list[str] | None = N
     )
 
 
+def transformers_class(config: PapeViTConfig, head: bool) -> type:
+    """The transformers model class of a configuration: with the classification head, or the backbone."""
+    if config.is_video:
+        return PapeViViTForVideoClassification if head else PapeViViTModel
+    return PapeViTForImageClassification if head else PapeViTModel
+
+
 def timm_to_transformers(model: VisionTransformer, label_names: list[str] | None = None, head: bool = True,
                          image_mean: Any = None, image_std: Any = None) -> PapeViTForImageClassification | PapeViTModel:
     """A transformers model holding exactly the timm model's weights (``image_mean``/``image_std``: the
     normalisation it was trained with, default the timm model's ``pretrained_cfg``)."""
     config = config_from_timm(model, label_names, image_mean, image_std)
-    if _is_video(model):
-        cls = PapeViViTForVideoClassification if head and model.num_classes else PapeViViTModel
-    else:
-        cls = PapeViTForImageClassification if head and model.num_classes else PapeViTModel
-    hf = cls(config)
+    hf = transformers_class(config, head and bool(model.num_classes))(config)
     state = {k: v for k, v in model.state_dict().items() if head or not k.startswith("head.")}
     missing, unexpected = hf.vit.load_state_dict(state, strict=head)
     if unexpected:
@@ -84,7 +83,7 @@ def video_processor_for(config: PapeViViTConfig) -> PapeViViTVideoProcessor:
 
 def processor_for(config: PapeViTConfig) -> PapeViTImageProcessor | PapeViViTVideoProcessor:
     """The image processor of an image model, the video processor of a video model."""
-    return video_processor_for(config) if isinstance(config, PapeViViTConfig) else image_processor_for(config)
+    return video_processor_for(config) if config.is_video else image_processor_for(config)
 
 
 def image_processor_for(config: PapeViTConfig) -> PapeViTImageProcessor:

@@ -129,12 +129,18 @@ class PapeViTPreTrainedModel(PreTrainedModel):
         write_remote_code(directory, entries=[v.split(".")[0] for v in self.auto_map.values()])
         path = directory / "config.json"
         config = json.loads(path.read_text())
-        config["auto_map"] = dict(self.auto_map)
-        for auto, target in self.auto_map.items():  # AutoImageProcessor -> image_processor_type, likewise video
-            if auto.endswith("Processor"):
-                config[f"{auto[4:-9].lower()}_processor_type"] = target.split(".")[-1]
-        config.update(timm_fields(self.config, self.vit))
+        config.update(folder_fields(self.auto_map, self.config, self.vit))
         path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def folder_fields(auto_map: dict[str, str], config: PapeViTConfig, vit: VisionTransformer) -> dict[str, Any]:
+    """What a checkpoint folder's ``config.json`` holds beyond the transformers configuration: ``auto_map`` for
+    every head (remote code), the processor's type, and timm's fields (:func:`timm_fields`)."""
+    fields: dict[str, Any] = {"auto_map": dict(auto_map)}
+    for auto, target in auto_map.items():  # AutoImageProcessor -> image_processor_type, likewise video
+        if auto.endswith("Processor"):
+            fields[f"{auto[4:-9].lower()}_processor_type"] = target.split(".")[-1]
+    return {**fields, **timm_fields(config, vit)}
 
 
 def timm_fields(config: PapeViTConfig, vit: VisionTransformer) -> dict[str, Any]:
@@ -144,7 +150,7 @@ def timm_fields(config: PapeViTConfig, vit: VisionTransformer) -> dict[str, Any]
     args["img_size"] = list(vit.patch_embed.img_size)
     architecture = config.timm_name()
     size = config.image_size
-    if hasattr(config, "num_frames"):
+    if config.is_video:
         args["num_frames"] = vit.patch_embed.num_frames
     mean, std = config.normalisation()
     pretrained_cfg = dict(

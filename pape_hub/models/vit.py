@@ -38,6 +38,8 @@ class VisionTransformer(nn.Module):
     DeiT-III and Eva) and ``norm_eps`` (the LayerNorms' epsilon; timm's ViT uses 1e-6, ``nn.LayerNorm`` 1e-5).
     """
 
+    is_video = False  # the one question callers ask instead of probing attributes
+
     def __init__(
         self,
         img_size: int | tuple[int, int] = 224,

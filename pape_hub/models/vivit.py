@@ -37,6 +37,8 @@ class VideoVisionTransformer(VisionTransformer):
     input_layout: ``"auto"``, ``"BCTHW"`` or ``"BTCHW"``.
     """
 
+    is_video = True
+
     def __init__(self, img_size: int | tuple[int, int] = 224, num_frames: int = 16,
                  tubelet_size: tuple[int, int, int] | list[int] = (2, 16, 16), temporal_scale: float = 1.0,
                  input_layout: str = "auto", **kwargs: Any) -> None:
