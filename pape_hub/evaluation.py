@@ -3,7 +3,6 @@ interpolation (PaPE tables 5-7), and the patch-shuffle test (LieRE table 5)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Iterable
@@ -19,19 +18,16 @@ from .data import (
     ARROW_TEST_SEED,
     DATASET_SPECS,
     DIRECTIONS,
-    ArrowConfig,
-    ArrowDataset,
-    MotionConfig,
-    MotionDataset,
     VideoTransform,
     build_data,
+    generated_task,
     is_video_spec,
 )
 from .provenance import git_commit
 from .training import evaluate_loader
 
 __all__ = ["chance_level", "check_label_names", "evaluate_checkpoint", "parse_clip", "plot_sweep_summary",
-           "resolve_eval_target", "save_evaluation", "shuffle_tiles", "task_config", "write_json"]
+           "resolve_eval_target", "save_evaluation", "shuffle_tiles", "write_json"]
 
 
 def shuffle_tiles(x: torch.Tensor, tile: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
@@ -56,12 +52,6 @@ class ShuffledLoader:
     def __iter__(self) -> Iterable:
         for x, labels in self.loader:
             yield shuffle_tiles(x, self.tile, self.generator), labels
-
-
-def task_config(config_class: type, trained: dict[str, Any]) -> dict[str, Any]:
-    """Every field of a generated task's config as the checkpoint recorded it (an option left out here would
-    silently test on another task; the ``isolated`` arrow control once was)."""
-    return {f.name: trained[f.name] for f in dataclasses.fields(config_class) if f.name in trained}
 
 
 #: datasets a checkpoint's record names completely (no path): evaluation can default to them
@@ -133,23 +123,15 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
     mean, std = config["pretrained_cfg"]["mean"], config["pretrained_cfg"]["std"]  # what it was trained with
     rows: list[dict[str, Any]] = []
 
+    task = generated_task(dataset)
+
     def loaders() -> Iterable[tuple[int, DataLoader]]:
-        if dataset == "arrows":
-            trained = meta.get("dataset", {}).get("train", {})
-            base = task_config(ArrowConfig, trained)
-            for g in sizes or [base.get("grid", 4)]:
-                cfg = ArrowConfig(**{**base, "grid": g})
-                ds = ArrowDataset(eval_size, cfg, seed=ARROW_TEST_SEED, normalize=(mean, std), channels=channels)
+        if task is not None:  # the setting the checkpoint was trained on, at each size of the sweep
+            base = task.setting(meta.get("dataset", {}).get("train", {}))
+            for setting in task.sweep(base, [parse_clip(c) for c in clips or []] if task.is_video else sizes):
+                ds = task.dataset(eval_size, setting, seed=ARROW_TEST_SEED, normalize=(mean, std), channels=channels)
                 check_label_names(config, ds.classes, dataset)
-                yield g, DataLoader(ds, batch_size=batch_size)
-        elif dataset == "motion":
-            trained = meta.get("dataset", {}).get("train", {})
-            base = task_config(MotionConfig, trained)
-            for frames, grid in map(parse_clip, clips or [(base["frames"], base["grid"])]):
-                ds = MotionDataset(eval_size, MotionConfig(**{**base, "frames": frames, "grid": grid}),
-                                   seed=ARROW_TEST_SEED, normalize=(mean, std), channels=channels)
-                check_label_names(config, ds.classes, dataset)
-                yield f"{frames}x{grid}", DataLoader(ds, batch_size=batch_size)
+                yield task.size_of(setting), DataLoader(ds, batch_size=batch_size)
         elif is_video_spec(dataset):
             for frames, res in map(parse_clip, clips or [(model.patch_embed.num_frames, native)]):
                 tf = VideoTransform(res, mean, std)
@@ -184,20 +166,17 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
             score(size, loader, interp)
         if patch_shuffle and (size == trained_size or patch_shuffle == "all"):
             score(size, ShuffledLoader(loader, tile), False, shuffled=True)
-    units = {"arrows": "arrow grid (cells per side)", "motion": "clip (frames x cells per side)"}
+    unit = task.unit if task else "clip (frames x px)" if is_video_spec(dataset) else "image size (px)"
     return dict(checkpoint=str(checkpoint), architecture=config["architecture"],
                 encoding=config.get("position_encoding"), dataset=dataset, num_classes=model.num_classes,
-                split=split if dataset not in ("arrows", "motion") else "generated test seed",
-                sweep_unit=units.get(dataset, "clip (frames x px)" if is_video_spec(dataset) else "image size (px)"),
+                split=split if task is None else "generated test seed", sweep_unit=unit,
                 trained_at=trained_size, commit=git_commit(), rows=rows)
 
 
 def _trained_size(config: dict[str, Any], dataset: str, native: int) -> int | str:
-    trained = config.get("pape_hub", {}).get("dataset", {})
-    if dataset == "arrows":
-        return trained.get("train", {}).get("grid", 4)
-    if dataset == "motion":
-        return f"{trained['train']['frames']}x{trained['train']['grid']}"
+    task = generated_task(dataset)
+    if task is not None:
+        return task.size_of(task.setting(config.get("pape_hub", {}).get("dataset", {}).get("train", {})))
     if is_video_spec(dataset):
         return f"{config['model_args']['num_frames']}x{native}"
     return native

@@ -52,11 +52,10 @@ from .data import (
     ArrowConfig,
     MotionConfig,
     VideoTransform,
-    arrow_statistics,
     build_data,
     channel_statistics,
+    generated_task,
     is_video_spec,
-    motion_statistics,
 )
 from .models import model_args_for
 from .recipes import (
@@ -402,8 +401,8 @@ def data_transforms(cfg: TrainConfig, img_size: int, channels: int, mean: Any, s
     return train_tf, eval_tf
 
 
-def normalisation(cfg: TrainConfig, img_size: int, channels: int, arrow_cfg: ArrowConfig, motion_cfg: MotionConfig,
-                  crop_pct: float, num_frames: int | None) -> tuple[list[float], list[float]]:
+def normalisation(cfg: TrainConfig, img_size: int, channels: int, crop_pct: float, num_frames: int | None
+                  ) -> tuple[list[float], list[float]]:
     """Mean and std (one per channel) the run normalises with: the training split's own, or the model's."""
     if cfg.normalize == "model":
         pretrained = get_pretrained_cfg(cfg.model).to_dict()
@@ -411,8 +410,9 @@ def normalisation(cfg: TrainConfig, img_size: int, channels: int, arrow_cfg: Arr
         if channels == 1:  # a grey model: the average of the model's per-channel values
             mean, std = [sum(mean) / len(mean)], [sum(std) / len(std)]
         return mean, std
-    if cfg.dataset in ("arrows", "motion"):
-        mean, std = arrow_statistics(arrow_cfg) if cfg.dataset == "arrows" else motion_statistics(motion_cfg)
+    task = generated_task(cfg.dataset)
+    if task is not None:  # known in closed form
+        mean, std = task.statistics(task_setting(cfg))
         return [round(mean, 6)] * channels, [round(std, 6)] * channels
     if num_frames is not None:  # a video folder: decoding is slow, so fewer clips
         to_tensor = VideoTransform(img_size, (0.0,) * channels, (1.0,) * channels)
@@ -473,10 +473,9 @@ class Run:
     facts: dict[str, Any]
 
 
-def _input_spec(cfg: TrainConfig, arrow_cfg: ArrowConfig, motion_cfg: MotionConfig
-                ) -> tuple[int, int | None, bool]:
+def _input_spec(cfg: TrainConfig) -> tuple[int, int | None, bool]:
     """(image size, frames per clip or None, is video), checked against the model."""
-    generated = {"arrows": arrow_cfg, "motion": motion_cfg}.get(cfg.dataset)
+    generated = task_setting(cfg)
     defaults = {**model_args_for(cfg.model), **cfg.model_kwargs}
     video = "num_frames" in defaults
     if video != is_video_spec(cfg.dataset):
@@ -487,20 +486,27 @@ def _input_spec(cfg: TrainConfig, arrow_cfg: ArrowConfig, motion_cfg: MotionConf
         raise ValueError(f"--img-size {cfg.img_size} does not match the {cfg.dataset} images ({img_size}px)")
     num_frames = None
     if video:
-        num_frames = motion_cfg.frames if cfg.dataset == "motion" else (cfg.num_frames or defaults["num_frames"])
-        if cfg.dataset == "motion" and list(defaults["tubelet_size"])[0] != motion_cfg.tubelet_frames:
-            raise ValueError(f"the motion task keeps frames still within tubelets of {motion_cfg.tubelet_frames}, but "
+        num_frames = generated.frames if generated else (cfg.num_frames or defaults["num_frames"])
+        if generated and list(defaults["tubelet_size"])[0] != generated.tubelet_frames:
+            raise ValueError(f"the motion task keeps frames still within tubelets of {generated.tubelet_frames}, but "
                              f"the model's tubelet is {list(defaults['tubelet_size'])}; make them agree")
     return img_size, num_frames, video
 
 
+def task_setting(cfg: TrainConfig) -> Any:
+    """The generated task's setting (``ArrowConfig`` / ``MotionConfig`` from ``cfg.arrow`` / ``cfg.motion``), or
+    None for a dataset read from files."""
+    task = generated_task(cfg.dataset)
+    return None if task is None else task.config_class(**getattr(cfg, task.setting_field))
+
+
 def build_run(cfg: TrainConfig, accelerator: Accelerator) -> Run:
     """Data, model, optimizer, schedule and loss, prepared by accelerate."""
-    arrow_cfg, motion_cfg = ArrowConfig(**cfg.arrow), MotionConfig(**cfg.motion)
-    img_size, num_frames, video = _input_spec(cfg, arrow_cfg, motion_cfg)
+    arrow_cfg, motion_cfg = ArrowConfig(**cfg.arrow), MotionConfig(**cfg.motion)  # checked whatever the dataset
+    img_size, num_frames, video = _input_spec(cfg)
     channels = cfg.model_kwargs.get("in_chans", 3)
     crop_pct = get_pretrained_cfg(cfg.model).to_dict().get("crop_pct", 0.9)
-    mean, std = normalisation(cfg, img_size, channels, arrow_cfg, motion_cfg, crop_pct, num_frames)
+    mean, std = normalisation(cfg, img_size, channels, crop_pct, num_frames)
     train_tf, eval_tf = data_transforms(cfg, img_size, channels, mean, std, crop_pct, video)
     data = build_data(cfg.dataset, img_size=img_size, seed=cfg.seed, val_fraction=cfg.val_fraction,
                       train_size=cfg.train_size, eval_size=cfg.eval_size, arrow_config=arrow_cfg,
@@ -690,7 +696,7 @@ def recipe_summary(cfg: TrainConfig) -> dict[str, Any]:
     return dict(**get_recipe(cfg.recipe).summary(), lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay,
                 batch_size=cfg.batch_size * cfg.grad_accum, epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
                 label_smoothing=cfg.label_smoothing, drop_path=cfg.drop_path, clip_grad=cfg.clip_grad,
-                augmentation=cfg.aug if cfg.dataset not in ("arrows", "motion") else "none (generated task)",
-                **({k: _comparable(v) for k, v in aug.items()} if cfg.dataset not in ("arrows", "motion") else {}),
-                normalize=cfg.normalize, train_size=cfg.train_size if cfg.dataset in ("arrows", "motion") else None,
+                augmentation=cfg.aug if not generated_task(cfg.dataset) else "none (generated task)",
+                **({k: _comparable(v) for k, v in aug.items()} if not generated_task(cfg.dataset) else {}),
+                normalize=cfg.normalize, train_size=cfg.train_size if generated_task(cfg.dataset) else None,
                 mixed_precision=cfg.mixed_precision, seed=cfg.seed)

@@ -24,6 +24,7 @@ from .images import (
     stratified_split,
     subset,
 )
+from .tasks import GENERATED_TASKS, GeneratedTask, generated_task
 from .video import (
     MotionConfig,
     MotionDataset,
@@ -34,10 +35,10 @@ from .video import (
 )
 
 __all__ = [
-    "ARROW_TEST_SEED", "ARROW_VAL_SEED", "DATASET_SPECS", "DIGITS_INPUT", "DIRECTIONS", "VIDEO_SPECS", "ArrowConfig",
-    "ArrowDataset", "DataBundle", "MotionConfig", "MotionDataset", "TransformedDataset", "VideoTransform",
-    "arrow_statistics", "build_data", "channel_statistics", "describe_spec", "is_video_spec", "motion_statistics",
-    "paper_setting", "read_video", "stratified_split",
+    "ARROW_TEST_SEED", "ARROW_VAL_SEED", "ArrowConfig", "ArrowDataset", "DATASET_SPECS", "DIGITS_INPUT", "DIRECTIONS",
+    "DataBundle", "GENERATED_TASKS", "GeneratedTask", "MotionConfig", "MotionDataset", "TransformedDataset",
+    "VIDEO_SPECS", "VideoTransform", "arrow_statistics", "build_data", "channel_statistics", "describe_spec",
+    "generated_task", "is_video_spec", "motion_statistics", "paper_setting", "read_video", "stratified_split",
 ]
 
 DATASET_SPECS = "arrows | digits | imagefolder:PATH | hf:NAME | cifar:PATH | motion | videofolder:PATH"
@@ -82,18 +83,17 @@ def build_data(spec: str, *, img_size: int, seed: int = 0, val_fraction: float =
     ``normalize`` applies to the generated tasks only (their samples are tensors already; image and video datasets
     normalise in their transforms). ``num_frames``: frames sampled from each clip of a video folder."""
     kind, _, arg = spec.partition(":")
-    generated = {"arrows": (ArrowDataset, arrow_config or ArrowConfig()),
-                 "motion": (MotionDataset, motion_config or MotionConfig())}
-    if kind in generated:  # samples are made from a seed: validation and test use fixed seeds of their own
-        dataset, cfg = generated[kind]
+    task = generated_task(spec)
+    if task is not None:  # samples are made from a seed: validation and test use fixed seeds of their own
+        cfg = {"arrows": arrow_config, "motion": motion_config}[task.name] or task.setting()
         if cfg.image_size != img_size:
             raise ValueError(f"the {kind} task renders {cfg.image_size}px images (grid {cfg.grid} x cell {cfg.cell}) "
                              f"but the model takes {img_size}px; pass matching --img-size or {kind} grid/cell")
-        make = lambda n, s: dataset(n, cfg, seed=s, normalize=normalize, channels=channels)  # noqa: E731
+        make = lambda n, s: task.dataset(n, cfg, seed=s, normalize=normalize, channels=channels)  # noqa: E731
         train = make(train_size, seed)
         return DataBundle(train, make(eval_size, ARROW_VAL_SEED), make(eval_size, ARROW_TEST_SEED), train.classes,
                           False, dict(spec=kind, train=train.describe(), val_seed=ARROW_VAL_SEED,
-                                      test_seed=ARROW_TEST_SEED), is_video=kind == "motion")
+                                      test_seed=ARROW_TEST_SEED), is_video=task.is_video)
     if kind == "videofolder":
         if not arg:
             raise ValueError(f"dataset spec {spec!r} needs a path after the colon")

@@ -30,15 +30,14 @@ cells, 8 arrows, 6 letters including the Y).
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from PIL import Image, ImageDraw
-from torch.utils.data import Dataset
 
 from ..settings import setting
+from .generated import GeneratedDataset, pixel_statistics
 
 __all__ = ["ArrowConfig", "ArrowDataset", "DIRECTIONS", "STEPS", "arrow_statistics", "paper_setting",
            "render_glyphs"]
@@ -47,7 +46,6 @@ DIRECTIONS = ("up", "right", "down", "left")  # the labels of the arrow and moti
 STEPS = {0: (-1, 0), 1: (0, 1), 2: (1, 0), 3: (0, -1)}  # (row, col) offset of each direction
 _LETTERS = "ABCDE"
 _SUPERSAMPLE = 4
-_STATISTICS_SEED, _STATISTICS_SAMPLES = 7_000_003, 2048
 
 
 @dataclass(frozen=True)
@@ -119,39 +117,26 @@ def render_glyphs(cell: int) -> dict[str, np.ndarray]:
     return glyphs
 
 
-@functools.lru_cache(maxsize=32)
 def arrow_statistics(config: ArrowConfig) -> tuple[float, float]:
     """(mean, std) of the pixels (scaled to [0, 1]) of 2,048 images of ``config`` from a fixed seed: the
     normalisation a model trained on this setting uses, whatever its training seed."""
-    raw = ArrowDataset(_STATISTICS_SAMPLES, config, seed=_STATISTICS_SEED, normalize=None)
-    pixels = np.stack([raw.sample(i)[0] for i in range(len(raw))]).astype(np.float64) / 255.0
-    return float(pixels.mean()), float(pixels.std())
+    return pixel_statistics(ArrowDataset, config)
 
 
-class ArrowDataset(Dataset):
-    """``length`` deterministic samples: (image float tensor (C, S, S), label int).
+class ArrowDataset(GeneratedDataset):
+    """``length`` deterministic samples: (image float tensor (C, S, S), label int); normalisation and channels as
+    :class:`~pape_hub.data.generated.GeneratedDataset`."""
 
-    ``normalize``: ``"auto"`` (default) uses :func:`arrow_statistics` of ``config``; a ``(mean, std)`` pair, each a
-    number or one number per channel, uses those (a checkpoint's, when a model trained on one setting is evaluated
-    on another); ``None`` gives [0, 1]. ``channels``: 3 (the grey image repeated, for RGB models) or 1.
-    """
+    name, config_class, pixel_dims = "arrows", ArrowConfig, 2
+    statistics_seed, statistics_samples = 7_000_003, 2048
 
     def __init__(self, length: int, config: ArrowConfig | None = None, seed: int = 0,
                  normalize: str | tuple[Any, Any] | None = "auto", channels: int = 3) -> None:
-        if channels not in (1, 3):
-            raise ValueError(f"arrow images have 1 or 3 channels, got {channels}")
-        self.length = length
-        self.config = config or ArrowConfig()
-        self.seed = seed
-        self.channels = channels
+        super().__init__(length, config, seed, normalize, channels)
         self.glyphs = render_glyphs(self.config.cell)
-        self.classes = list(DIRECTIONS)
-        if normalize == "auto":
-            normalize = arrow_statistics(self.config)
-        self.normalize = None if normalize is None else tuple(
-            torch.tensor(v, dtype=torch.float32).reshape(-1, 1, 1) for v in normalize)  # (C or 1, 1, 1) each
-    def __len__(self) -> int:
-        return self.length
+
+    def labels(self) -> list[str]:
+        return list(DIRECTIONS)
 
     def sample(self, index: int) -> tuple[np.ndarray, int, dict]:
         """(uint8 image (S, S), label, layout) where layout says what went where (for tests and plots)."""
@@ -188,13 +173,3 @@ class ArrowDataset(Dataset):
             image[r * cfg.cell:(r + 1) * cfg.cell, c * cfg.cell:(c + 1) * cfg.cell] = self.glyphs[glyph]
         return image, label, layout
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image, label, _ = self.sample(index)
-        x = torch.from_numpy(image).float().div_(255.0).expand(self.channels, -1, -1)
-        if self.normalize is not None:
-            mean, std = self.normalize
-            x = (x - mean) / std
-        return x.contiguous(), label
-
-    def describe(self) -> dict:
-        return dict(name="arrows", length=self.length, seed=self.seed, **asdict(self.config))

@@ -22,23 +22,22 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from ..settings import setting
 from .arrows import DIRECTIONS, STEPS
+from .generated import GeneratedDataset, pixel_statistics
 from .images import TransformedDataset
 
 __all__ = ["MotionConfig", "MotionDataset", "VIDEO_SUFFIXES", "VideoTransform", "load_videofolder",
            "motion_statistics", "read_video"]
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".ogv", ".gif")
-_STATISTICS_SEED, _STATISTICS_SAMPLES = 7_100_003, 512
 
 
 @dataclass(frozen=True)
@@ -82,26 +81,15 @@ def _square(cell: int) -> np.ndarray:
     return square
 
 
-class MotionDataset(Dataset):
-    """``length`` deterministic clips: (video float tensor (C, T, H, W), label int); see the module docstring.
+class MotionDataset(GeneratedDataset):
+    """``length`` deterministic clips: (video float tensor (C, T, H, W), label int); see the module docstring;
+    normalisation and channels as :class:`~pape_hub.data.generated.GeneratedDataset`."""
 
-    ``normalize``: ``"auto"`` uses :func:`motion_statistics`, a ``(mean, std)`` pair uses those, ``None`` gives
-    [0, 1]. ``channels``: 3 (grey repeated) or 1.
-    """
+    name, config_class, pixel_dims = "motion", MotionConfig, 3
+    statistics_seed, statistics_samples = 7_100_003, 512
 
-    def __init__(self, length: int, config: MotionConfig | None = None, seed: int = 0,
-                 normalize: str | tuple[Any, Any] | None = "auto", channels: int = 3) -> None:
-        if channels not in (1, 3):
-            raise ValueError(f"motion clips have 1 or 3 channels, got {channels}")
-        self.length, self.config, self.seed, self.channels = length, config or MotionConfig(), seed, channels
-        self.classes = list(DIRECTIONS)
-        if normalize == "auto":
-            normalize = motion_statistics(self.config)
-        self.normalize = None if normalize is None else tuple(
-            torch.tensor(v, dtype=torch.float32).reshape(-1, 1, 1, 1) for v in normalize)  # (C or 1, 1, 1, 1)
-
-    def __len__(self) -> int:
-        return self.length
+    def labels(self) -> list[str]:
+        return list(DIRECTIONS)
 
     def sample(self, index: int) -> tuple[np.ndarray, int, dict[str, Any]]:
         """(uint8 clip (T, S, S), label, layout: the mover's cells per step and the distractors' cells)."""
@@ -126,24 +114,9 @@ class MotionDataset(Dataset):
         clip = np.repeat(board, cfg.tubelet_frames, axis=0)  # static within a tubelet
         return clip, direction, dict(path=path, distractors=still)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        clip, label, _ = self.sample(index)
-        x = torch.from_numpy(clip).float().div_(255.0)[None].expand(self.channels, -1, -1, -1)  # (C, T, H, W)
-        if self.normalize is not None:
-            mean, std = self.normalize
-            x = (x - mean) / std
-        return x.contiguous(), label
-
-    def describe(self) -> dict[str, Any]:
-        return dict(name="motion", length=self.length, seed=self.seed, **asdict(self.config))
-
-
-@functools.lru_cache(maxsize=16)
 def motion_statistics(config: MotionConfig) -> tuple[float, float]:
     """(mean, std) of the pixels (in [0, 1]) of 512 clips of ``config`` from a fixed seed."""
-    raw = MotionDataset(_STATISTICS_SAMPLES, config, seed=_STATISTICS_SEED, normalize=None)
-    pixels = np.stack([raw.sample(i)[0] for i in range(len(raw))]).astype(np.float64) / 255.0
-    return float(pixels.mean()), float(pixels.std())
+    return pixel_statistics(MotionDataset, config)
 
 
 def read_video(path: str | Path, num_frames: int) -> np.ndarray:
