@@ -23,7 +23,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
-__all__ = ["aggregate", "bootstrap_interval", "columns", "make_job", "parse_encodings", "plot_results",
+__all__ = ["accuracy", "aggregate", "bootstrap_interval", "columns", "make_job", "parse_encodings", "plot_results",
            "run_comparison", "run_jobs", "summary_table", "train_and_evaluate", "write_results"]
 
 _SPEC = re.compile(r"^(\w+)(?:\[(.*)\])?$")

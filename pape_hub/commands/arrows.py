@@ -96,7 +96,7 @@ def arrow_job(label: str, encoding: str, kwargs: dict[str, Any], seed: int, sett
 
 def run(args: argparse.Namespace) -> int:
     from ..encodings import list_encodings
-    from ..experiment import parse_encodings, run_comparison
+    from ..experiment import accuracy, parse_encodings, run_comparison
     from ..provenance import provenance
     from ..recipes import get_recipe
 
@@ -119,9 +119,8 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
 
     def describe(result: dict[str, Any]) -> str:
-        top = next(r["top1"] for r in result["rows"] if r["size"] == grids[0] and not r["interpolation"]
-                   and not r.get("patch_shuffle"))
-        return f"best val {result['train']['best_val_top1']:.3f}, test grid {grids[0]} {top:.3f}"
+        return (f"best val {result['train']['best_val_top1']:.3f}, test grid {grids[0]} "
+                f"{accuracy(result['rows'], grids[0]):.3f}")
 
     recipe = {k: v for k, v in jobs[0]["train"].items() if k not in ("output_dir", "seed", "model", "model_kwargs")}
     facts = dict(provenance=provenance("arrows", getattr(args, "command_line", None)),

@@ -123,16 +123,23 @@ def subset(ds: TransformedDataset, indices: list[int]) -> Subset:
     return sub
 
 
+def class_folder_splits(root: str | Path, what: str, item: str) -> tuple[Path, Path | None]:
+    """(training folder, test folder or None) of a dataset of class folders: ``root/<class>/*``, or
+    ``root/train/<class>/*`` with optionally ``root/test`` (or ``root/val``) beside it."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{what} {root} does not exist (expected root/<class>/<{item}> or "
+                                f"root/train/<class>/<{item}>)")
+    train_dir = root / "train" if (root / "train").is_dir() else root
+    test_dir = next((root / d for d in ("test", "val") if (root / d).is_dir() and train_dir != root), None)
+    return train_dir, test_dir
+
+
 def load_imagefolder(root: str | Path) -> tuple[TransformedDataset, TransformedDataset | None, list[str]]:
     """``root/train/<class>/*`` (and optionally ``root/test|val/<class>/*``), or ``root/<class>/*``."""
     from torchvision.datasets import ImageFolder
 
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"image folder {root} does not exist (expected root/<class>/<image> or "
-                                "root/train/<class>/<image>)")
-    train_dir = root / "train" if (root / "train").is_dir() else root
-    test_dir = next((root / d for d in ("test", "val") if (root / d).is_dir() and train_dir != root), None)
+    train_dir, test_dir = class_folder_splits(root, "image folder", "image")
 
     def wrap(folder: Path) -> TransformedDataset:
         try:

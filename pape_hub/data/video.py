@@ -32,7 +32,7 @@ import torch
 from ..settings import setting
 from .arrows import DIRECTIONS, STEPS
 from .generated import GeneratedDataset, pixel_statistics
-from .images import TransformedDataset
+from .images import TransformedDataset, class_folder_splits
 
 __all__ = ["MotionConfig", "MotionDataset", "VIDEO_SUFFIXES", "VideoTransform", "load_videofolder",
            "motion_statistics", "read_video"]
@@ -180,12 +180,7 @@ class VideoFolderDataset(TransformedDataset):
 def load_videofolder(root: str | Path, num_frames: int
                      ) -> tuple[VideoFolderDataset, VideoFolderDataset | None, list[str]]:
     """``root/<class>/<clip>`` (or ``root/train/<class>/...`` and optionally ``root/test|val/...``)."""
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"video folder {root} does not exist (expected root/<class>/<clip.mp4> or "
-                                "root/train/<class>/<clip.mp4>)")
-    train_dir = root / "train" if (root / "train").is_dir() else root
-    test_dir = next((root / d for d in ("test", "val") if (root / d).is_dir() and train_dir != root), None)
+    train_dir, test_dir = class_folder_splits(root, "video folder", "clip.mp4")
 
     def scan(folder: Path, classes: list[str] | None = None) -> VideoFolderDataset:
         found = sorted(d.name for d in folder.iterdir() if d.is_dir())
