@@ -188,3 +188,19 @@ def test_missing_data_folders_are_named(tmp_path):
         build_data("mnist", img_size=28)
     with pytest.raises(ValueError, match="renders 48px images"):
         build_data("arrows", img_size=32)
+
+
+def test_generated_tasks_answer_what_callers_ask():
+    from pape_hub.data import GENERATED_TASKS, MotionConfig, generated_task
+
+    arrows, motion = generated_task("arrows"), generated_task("motion")
+    assert generated_task("digits") is None and set(GENERATED_TASKS) == {"arrows", "motion"}
+    assert (arrows.is_video, motion.is_video) == (False, True)
+    recorded = dict(grid=5, cell=12, num_arrows=8, name="arrows", length=10)  # a checkpoint's record
+    base = arrows.setting(recorded)
+    assert (base.grid, base.num_arrows) == (5, 8)
+    assert [arrows.size_of(s) for s in arrows.sweep(base, [4, 6])] == [4, 6]
+    assert [motion.size_of(s) for s in motion.sweep(MotionConfig(), [(6, 7), (10, 5)])] == ["6x7", "10x5"]
+    assert arrows.sweep(base, None) == [base]
+    x, label = motion.dataset(2, MotionConfig(), seed=0, normalize=None, channels=1)[0]
+    assert x.shape == (1, 6, 40, 40) and 0 <= label < 4

@@ -106,3 +106,15 @@ def test_startup_bench_writes_medians_ratios_and_goals(tmp_path, monkeypatch):
     assert all(len(row["runs_s"]) == 2 and row["median_s"] > 0 for row in data["rows"].values())
     assert data["rows"]["pape-hub --help"]["goal"] == "< 1 s" and data["rows"]["import timm"]["goal"] is None
     assert "| `import pape_hub` |" in startup_block(tmp_path, "bench_startup_cpu.json")
+
+
+def test_bootstrap_interval_of_the_mean():
+    from pape_hub.experiment import bootstrap_interval
+
+    values = [0.25, 0.25, 1.0, 1.0, 0.9]
+    low, high = bootstrap_interval(values)
+    assert min(values) < low < sum(values) / len(values) < high <= max(values)
+    assert bootstrap_interval(values) == (low, high)  # a fixed generator: the same interval everywhere
+    assert bootstrap_interval([0.5, 0.5, 0.5]) == (0.5, 0.5)
+    three = bootstrap_interval([0.2, 0.6, 1.0])  # 3 seeds: the interval reaches the range
+    assert three[0] == pytest.approx(0.2) and three[1] == pytest.approx(1.0)

@@ -235,3 +235,59 @@ def test_digits_take_their_input_setting_unless_given():
                                                 "--model-kwargs", '{"patch_size": 4}']))
     assert (given.img_size, given.aug, given.model_kwargs) == (24, "light", {"patch_size": 4, "in_chans": 1})
     assert config_from_args(parser.parse_args([])).img_size is None  # other datasets: untouched
+
+
+def test_every_train_flag_is_made_from_the_field_it_fills():
+    """Each TrainConfig field (and each arrow / motion setting, as --arrow-* / --motion-*) is a flag with the
+    field's help and default; parsing no flags gives TrainConfig's own defaults, and a flag reaches its field."""
+    import argparse
+    import dataclasses
+
+    from pape_hub.commands.train import add_arguments, config_from_args
+    from pape_hub.data import MotionConfig
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    actions = {a.dest: a for a in parser._actions}
+    for f in dataclasses.fields(TrainConfig):
+        if f.metadata.get("flag") is False:
+            continue
+        assert f.name in actions and actions[f.name].help == f.metadata["help"] and f.metadata["help"], f.name
+    for prefix, config in (("arrow", ArrowConfig), ("motion", MotionConfig)):
+        for f in dataclasses.fields(config):
+            assert actions[f"{prefix}_{f.name}"].default in (f.default, False), f.name
+    assert asdict_without(config_from_args(parser.parse_args([]))) == asdict_without(TrainConfig())
+    cfg = config_from_args(parser.parse_args(["--lr", "0.01", "--crop-scale", "0.5,1", "--arrow-arrows", "8",
+                                              "--keep-denormals", "--model-kwargs", '{"depth": 2}']))
+    assert (cfg.lr, cfg.crop_scale, cfg.arrow["num_arrows"], cfg.flush_denormals, cfg.model_kwargs) == \
+        (0.01, (0.5, 1.0), 8, False, {"depth": 2})
+    with pytest.raises(SystemExit):  # a malformed value is refused by the flag's own type
+        parser.parse_args(["--model-kwargs", "[1, 2]"])
+
+
+def asdict_without(cfg, names=("arrow", "motion")):
+    import dataclasses
+
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in names}
+
+
+def test_on_epoch_reports_each_finished_epoch(tmp_path):
+    seen = []
+    train(arrow_config(tmp_path, epochs=2), on_epoch=lambda record: seen.append(record["epoch"]))
+    assert seen == [0, 1]
+
+
+def test_saving_draws_no_random_numbers(tmp_path):
+    """save_checkpoint writes the model's own tensors (no second model is built and initialised), so saving in the
+    middle of seeded work changes nothing that follows."""
+    import timm
+
+    from pape_hub.checkpoint import save_checkpoint
+
+    model = timm.create_model("vit_t4_pape", embed_dim=32, depth=1, num_heads=2, num_classes=3)
+    state = torch.get_rng_state()
+    save_checkpoint(model, tmp_path / "ck")
+    assert torch.equal(state, torch.get_rng_state())
+    loaded, _ = load_checkpoint(tmp_path / "ck")
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.equal(loaded.eval()(x), model.eval()(x))
