@@ -1,7 +1,8 @@
 """The ``pape-hub`` command line.
 
 This module lives beside the ``pape_hub`` package, not in it: ``import pape_hub`` registers every model with timm
-and transformers (several seconds of imports), and ``pape-hub --help`` / ``--version`` should not pay for that. A
+(several seconds of imports: torch, torchvision, timm), and ``pape-hub --help`` / ``--version`` should not pay for
+that. A
 command's module (``pape_hub.commands.<name>``) is imported only once that command is chosen. ``pape-hub COMMAND
 --help`` prints the command's help from ``pape_hub/commands/help.json`` without importing the package: the text
 its parser renders, written by ``python scripts/write_cli_help.py`` and checked current by the test suite.

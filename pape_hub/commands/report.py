@@ -235,7 +235,11 @@ def rerun_block(results: Path, earlier: str, later: str) -> str:
         inside = [label for label in labels if label in old["aggregate"].get(enc, {}) and label in later_stats[enc]
                   and later_stats[enc][label]["ci95"][0] - 1e-9 <= old["aggregate"][enc][label]["mean"]
                   <= later_stats[enc][label]["ci95"][1] + 1e-9]
-        lines.append(f"| `{enc}` | {equal} of {len(pairs)} | {largest:.3f} | {len(inside)} of {len(labels)} |")
+        outside = [f"{label}: {old['aggregate'][enc][label]['mean']:.3f} not in "
+                   f"[{later_stats[enc][label]['ci95'][0]:.3f}, {later_stats[enc][label]['ci95'][1]:.3f}]"
+                   for label in labels if label not in inside and label in later_stats[enc]]
+        lines.append(f"| `{enc}` | {equal} of {len(pairs)} | {largest:.3f} | {len(inside)} of {len(labels)}"
+                     + (f" ({'; '.join(outside)})" if outside else "") + " |")
     lines += ["", f"Seeds {', '.join(map(str, shared))} of `results/{earlier}` (the earlier table) against the same "
               f"seeds of `results/{later}`, every column; the intervals are the later run's over seeds "
               f"{', '.join(map(str, new['seeds']))}. Earlier: {provenance_line(old)} Later: {provenance_line(new)}"]
