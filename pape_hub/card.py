@@ -217,30 +217,36 @@ def render_model_card(config: dict[str, Any], evaluation: dict[str, Any] | None 
             f"{meta['val_top1']:.3f}" if "val_top1" in meta else "- validation: not recorded",
         ]),
     ]
-    if evaluation:
-        sections += ["## Evaluation",
-                     f"Test split ({evaluation['split']}), trained at {evaluation['sweep_unit']} "
-                     f"{evaluation['trained_at']}, evaluated at each size with and without position interpolation "
-                     f"(code version {evaluation.get('commit', '?')}).", _sweep_table(evaluation, aggregate, seeds)]
-        if plot:
-            sections.append(f"![top-1 accuracy against {evaluation['sweep_unit']}]({plot})")
-    else:
-        sections += ["## Evaluation", "No evaluation was run for this checkpoint; the card claims no accuracy."]
+    sections += _evaluation_sections(evaluation, aggregate, seeds, plot)
     bench_text = _bench_table(bench, encoding) if bench else None
     if bench_text:
         sections += ["## Speed", bench_text]
-    sections += [
-        "## Limitations",
-        "\n".join([
-            "- The numbers above are the only claims this card makes; each was measured by the command and code "
-            "version named beside it. No paper's numbers are reported here.",
-            f"- Trained from scratch on small data ({dataset[0]}); not an ImageNet model and not meant for "
-            "transfer without fine-tuning.",
-            "- Accuracy away from the training size varies with the training seed; see the spread over seeds where "
-            "given.",
-        ]),
-    ]
+    sections += ["## Limitations", _limitations(dataset[0])]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
+
+
+def _evaluation_sections(evaluation: dict[str, Any] | None, aggregate: dict[str, Any] | None,
+                         seeds: list[int] | None, plot: str | None) -> list[str]:
+    if not evaluation:
+        return ["## Evaluation", "No evaluation was run for this checkpoint; the card claims no accuracy."]
+    sections = ["## Evaluation",
+                f"Test split ({evaluation['split']}), trained at {evaluation['sweep_unit']} "
+                f"{evaluation['trained_at']}, evaluated at each size with and without position interpolation "
+                f"(code version {evaluation.get('commit', '?')}).", _sweep_table(evaluation, aggregate, seeds)]
+    if plot:
+        sections.append(f"![top-1 accuracy against {evaluation['sweep_unit']}]({plot})")
+    return sections
+
+
+def _limitations(dataset: str) -> str:
+    return "\n".join([
+        "- The numbers above are the only claims this card makes; each was measured by the command and code "
+        "version named beside it. No paper's numbers are reported here.",
+        f"- Trained from scratch on small data ({dataset}); not an ImageNet model and not meant for "
+        "transfer without fine-tuning.",
+        "- Accuracy away from the training size varies with the training seed; see the spread over seeds where "
+        "given.",
+    ])
 
 
 def write_model_card(checkpoint: str | Path, evaluation: dict[str, Any] | None = None, *,

@@ -27,7 +27,7 @@ from .provenance import git_commit
 from .training import evaluate_loader
 
 __all__ = ["chance_level", "check_label_names", "evaluate_checkpoint", "parse_clip", "plot_sweep_summary",
-           "resolve_eval_target", "save_evaluation", "shuffle_tiles", "write_json"]
+           "resolve_eval_target", "save_evaluation", "shuffle_tiles", "sweep_loaders", "write_json"]
 
 
 def shuffle_tiles(x: torch.Tensor, tile: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
@@ -115,62 +115,64 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
     ``patch_shuffle="all"``: every size). ``progress``: a bar over each pass's batches and a line per pass."""
     model, config = load_checkpoint(checkpoint)
     model.eval()
-    meta = config.get("pape_hub", {})
     modes = {"both": [False, True], "on": [True], "off": [False]}[interpolation]
     tile = tuple(getattr(model.patch_embed, "tubelet_size", model.patch_embed.patch_size))
-    native = model.patch_embed.img_size[0]
-    channels = model.patch_embed.proj.in_channels
-    mean, std = config["pretrained_cfg"]["mean"], config["pretrained_cfg"]["std"]  # what it was trained with
-    rows: list[dict[str, Any]] = []
-
+    trained_size = _trained_size(config, dataset, model.patch_embed.img_size[0])
     task = generated_task(dataset)
-
-    def loaders() -> Iterable[tuple[int, DataLoader]]:
-        if task is not None:  # the setting the checkpoint was trained on, at each size of the sweep
-            base = task.setting(meta.get("dataset", {}).get("train", {}))
-            for setting in task.sweep(base, [parse_clip(c) for c in clips or []] if task.is_video else sizes):
-                ds = task.dataset(eval_size, setting, seed=ARROW_TEST_SEED, normalize=(mean, std), channels=channels)
-                check_label_names(config, ds.classes, dataset)
-                yield task.size_of(setting), DataLoader(ds, batch_size=batch_size)
-        elif is_video_spec(dataset):
-            for frames, res in map(parse_clip, clips or [(model.patch_embed.num_frames, native)]):
-                tf = VideoTransform(res, mean, std)
-                data = build_data(dataset, img_size=res, eval_transform=tf, train_transform=tf, channels=channels,
-                                  num_frames=frames)
-                check_label_names(config, data.classes, dataset)
-                ds = data.test if split == "test" and data.test is not None else data.val
-                yield f"{frames}x{res}", DataLoader(ds, batch_size=batch_size)
-        else:
-            for res in resolutions or [native]:
-                tf = create_transform(res, is_training=False, mean=mean, std=std, interpolation="bicubic",
-                                      crop_pct=model.pretrained_cfg.get("crop_pct", 0.9))
-                data = build_data(dataset, img_size=res, eval_transform=tf, train_transform=tf, channels=channels)
-                check_label_names(config, data.classes, dataset)
-                ds = data.test if split == "test" and data.test is not None else data.val
-                yield res, DataLoader(ds, batch_size=batch_size)
-
-    trained_size = _trained_size(config, dataset, native)
-
-    def score(size: Any, loader: Iterable, interp: bool, shuffled: bool = False) -> None:
-        what = f"size {size}" + (" interp." if interp else "") + (" shuffled" if shuffled else "")
-        started = time.time()
-        metrics = evaluate_loader(model, loader, position_interpolation=interp, progress=what if progress else None)
-        rows.append(dict(size=size, interpolation=interp, **({"patch_shuffle": True} if shuffled else {}), **metrics))
-        if progress:
-            print(f"  {what}: top-1 {metrics['top1']:.4f} ({time.time() - started:.1f}s)", flush=True)
-
-    for size, loader in loaders():
+    rows: list[dict[str, Any]] = []
+    for size, loader in sweep_loaders(model, config, dataset, sizes, resolutions, clips, split, batch_size,
+                                      eval_size):
         for interp in modes:
             if interp and size == trained_size and False in modes:
                 continue  # at the training size interpolation scales positions by 1: the same numbers again
-            score(size, loader, interp)
+            rows.append(_score(model, loader, size, interp, progress))
         if patch_shuffle and (size == trained_size or patch_shuffle == "all"):
-            score(size, ShuffledLoader(loader, tile), False, shuffled=True)
+            rows.append(_score(model, ShuffledLoader(loader, tile), size, False, progress, shuffled=True))
     unit = task.unit if task else "clip (frames x px)" if is_video_spec(dataset) else "image size (px)"
     return dict(checkpoint=str(checkpoint), architecture=config["architecture"],
                 encoding=config.get("position_encoding"), dataset=dataset, num_classes=model.num_classes,
                 split=split if task is None else "generated test seed", sweep_unit=unit,
                 trained_at=trained_size, commit=git_commit(), rows=rows)
+
+
+def sweep_loaders(model: torch.nn.Module, config: dict[str, Any], dataset: str, sizes: list[int] | None,
+                  resolutions: list[int] | None, clips: list[Any] | None, split: str, batch_size: int,
+                  eval_size: int) -> Iterable[tuple[Any, DataLoader]]:
+    """(size, loader) of each size of a sweep, normalised as the checkpoint was trained: a generated task at the
+    setting it was trained on (grids, or motion clips), video folders at ``clips``, images at ``resolutions``."""
+    native, channels = model.patch_embed.img_size[0], model.patch_embed.proj.in_channels
+    mean, std = config["pretrained_cfg"]["mean"], config["pretrained_cfg"]["std"]  # what it was trained with
+    task = generated_task(dataset)
+    if task is not None:  # the setting the checkpoint was trained on, at each size of the sweep
+        base = task.setting(config.get("pape_hub", {}).get("dataset", {}).get("train", {}))
+        for setting in task.sweep(base, [parse_clip(c) for c in clips or []] if task.is_video else sizes):
+            ds = task.dataset(eval_size, setting, seed=ARROW_TEST_SEED, normalize=(mean, std), channels=channels)
+            check_label_names(config, ds.classes, dataset)
+            yield task.size_of(setting), DataLoader(ds, batch_size=batch_size)
+        return
+    video = is_video_spec(dataset)
+    shapes = list(map(parse_clip, clips or [(model.patch_embed.num_frames, native)])) if video else \
+        [(None, res) for res in resolutions or [native]]
+    for frames, res in shapes:
+        tf = VideoTransform(res, mean, std) if video else create_transform(
+            res, is_training=False, mean=mean, std=std, interpolation="bicubic",
+            crop_pct=model.pretrained_cfg.get("crop_pct", 0.9))
+        data = build_data(dataset, img_size=res, eval_transform=tf, train_transform=tf, channels=channels,
+                          **({"num_frames": frames} if video else {}))
+        check_label_names(config, data.classes, dataset)
+        ds = data.test if split == "test" and data.test is not None else data.val
+        yield f"{frames}x{res}" if video else res, DataLoader(ds, batch_size=batch_size)
+
+
+def _score(model: torch.nn.Module, loader: Iterable, size: Any, interp: bool, progress: bool,
+           shuffled: bool = False) -> dict[str, Any]:
+    """One pass of a sweep as a row (a progress bar over its batches and a line when done, if ``progress``)."""
+    what = f"size {size}" + (" interp." if interp else "") + (" shuffled" if shuffled else "")
+    started = time.time()
+    metrics = evaluate_loader(model, loader, position_interpolation=interp, progress=what if progress else None)
+    if progress:
+        print(f"  {what}: top-1 {metrics['top1']:.4f} ({time.time() - started:.1f}s)", flush=True)
+    return dict(size=size, interpolation=interp, **({"patch_shuffle": True} if shuffled else {}), **metrics)
 
 
 def _trained_size(config: dict[str, Any], dataset: str, native: int) -> int | str:

@@ -244,48 +244,9 @@ def measure(size: str, res: int, encodings: list[str], args: argparse.Namespace,
             rows[key]["infer_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
 
     if args.compile:
-        compiled = {k: torch.compile(m) for k, m in models.items()}
-        for cm in compiled.values():  # compile outside the timed rounds
-            infer(cm)()
-        ctimes = interleaved({k: infer(cm) for k, cm in compiled.items()}, args.repeats, 1, sync)
-        for key in models:
-            rows[key]["compiled_ms"] = statistics.median(ctimes[key]) * 1e3
-            rows[key]["compile_speedup"] = rows[key]["infer_ms"] / rows[key]["compiled_ms"]
-
+        measure_compiled(models, infer, rows, args, sync)
     if args.train_batch_size:
-        xt = torch.randn(args.train_batch_size, 3, res, res, device=device)
-        yt = torch.randint(0, 1000, (args.train_batch_size,), device=device)
-
-        def train(m: torch.nn.Module, opt: torch.optim.Optimizer) -> Callable[[], Any]:
-            def step() -> Any:
-                with autocast:
-                    loss = torch.nn.functional.cross_entropy(m(xt).float(), yt)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            return step
-
-        # AdamW state for every model at once does not fit in memory (ViT-B: ~1 GB each), so models are timed in
-        # groups, each interleaved with the APE baseline; a ratio is against the baseline of its own group.
-        skip = set(filter(None, args.train_skip.split(",")))
-        others = [k for k in models if k != "timm_ape" and k not in skip]
-        base_times: list[float] = []
-        for start in range(0, len(others), args.train_group):
-            group = ["timm_ape", *others[start : start + args.train_group]]
-            optimizers = {k: torch.optim.AdamW(models[k].parameters(), lr=1e-5) for k in group}
-            for k in group:
-                models[k].train()
-            ttimes = interleaved({k: train(models[k], optimizers[k]) for k in group}, max(3, args.repeats // 2), 1,
-                                 sync)
-            base = statistics.median(ttimes["timm_ape"])
-            base_times.append(base)
-            for key in group[1:]:
-                med = statistics.median(ttimes[key])
-                rows[key].update(train_ms=med * 1e3, train_img_s=args.train_batch_size / med, train_ratio=med / base)
-            del optimizers
-            gc.collect()
-        base = statistics.median(base_times)
-        rows["timm_ape"].update(train_ms=base * 1e3, train_img_s=args.train_batch_size / base, train_ratio=1.0)
+        measure_training(models, rows, args, res, device, autocast, sync)
 
     base = rows["timm_ape"]
     for key, row in rows.items():
@@ -295,6 +256,55 @@ def measure(size: str, res: int, encodings: list[str], args: argparse.Namespace,
             ratio = row["infer_ms"] / rows[ref]["infer_ms"]
             row["target"] = dict(max_ratio=target, vs=ref, ratio=ratio, met=ratio <= target)
     return rows, failures
+
+
+def measure_compiled(models: dict[str, torch.nn.Module], infer: Callable[[torch.nn.Module], Callable[[], Any]],
+                     rows: dict[str, dict[str, Any]], args: argparse.Namespace, sync: Callable[[], Any]) -> None:
+    """``torch.compile`` inference times (compiled outside the timed rounds) into ``rows``."""
+    compiled = {k: torch.compile(m) for k, m in models.items()}
+    for cm in compiled.values():
+        infer(cm)()
+    ctimes = interleaved({k: infer(cm) for k, cm in compiled.items()}, args.repeats, 1, sync)
+    for key in models:
+        rows[key]["compiled_ms"] = statistics.median(ctimes[key]) * 1e3
+        rows[key]["compile_speedup"] = rows[key]["infer_ms"] / rows[key]["compiled_ms"]
+
+
+def measure_training(models: dict[str, torch.nn.Module], rows: dict[str, dict[str, Any]], args: argparse.Namespace,
+                     res: int, device: torch.device, autocast: Any, sync: Callable[[], Any]) -> None:
+    """Training-step times (AdamW) into ``rows``, each against the APE baseline timed in the same group."""
+    xt = torch.randn(args.train_batch_size, 3, res, res, device=device)
+    yt = torch.randint(0, 1000, (args.train_batch_size,), device=device)
+
+    def train(m: torch.nn.Module, opt: torch.optim.Optimizer) -> Callable[[], Any]:
+        def step() -> Any:
+            with autocast:
+                loss = torch.nn.functional.cross_entropy(m(xt).float(), yt)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    # AdamW state for every model at once does not fit in memory (ViT-B: ~1 GB each), so models are timed in
+    # groups, each interleaved with the APE baseline; a ratio is against the baseline of its own group.
+    skip = set(filter(None, args.train_skip.split(",")))
+    others = [k for k in models if k != "timm_ape" and k not in skip]
+    base_times: list[float] = []
+    for start in range(0, len(others), args.train_group):
+        group = ["timm_ape", *others[start : start + args.train_group]]
+        optimizers = {k: torch.optim.AdamW(models[k].parameters(), lr=1e-5) for k in group}
+        for k in group:
+            models[k].train()
+        ttimes = interleaved({k: train(models[k], optimizers[k]) for k in group}, max(3, args.repeats // 2), 1, sync)
+        base = statistics.median(ttimes["timm_ape"])
+        base_times.append(base)
+        for key in group[1:]:
+            med = statistics.median(ttimes[key])
+            rows[key].update(train_ms=med * 1e3, train_img_s=args.train_batch_size / med, train_ratio=med / base)
+        del optimizers
+        gc.collect()
+    base = statistics.median(base_times)
+    rows["timm_ape"].update(train_ms=base * 1e3, train_img_s=args.train_batch_size / base, train_ratio=1.0)
 
 
 def print_table(size: str, res: int, rows: dict[str, dict[str, Any]]) -> None:

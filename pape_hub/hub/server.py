@@ -704,99 +704,105 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     return first, last
 
 
+class HubRequestHandler(BaseHTTPRequestHandler):
+    """One HTTP/1.1 connection of the local Hub: reads a request (refusing a body without a plain Content-Length),
+    dispatches it through the route table, and answers every outcome, errors included, with a status code. A
+    server subclasses it with its ``hub``, ``routes`` and ``idle_timeout`` (:func:`_make_handler`)."""
+
+    hub: LocalHub
+    routes: Routes
+    idle_timeout: float
+    protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        self.timeout = self.idle_timeout  # idle or slow connections are closed
+        super().setup()
+
+    def log_message(self, *args: Any) -> None:  # quiet: the command prints its own one-line log
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's names
+        self.handle_request()
+
+    do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_GET  # noqa: N815
+
+    def handle_request(self) -> None:
+        self.body_pending = self._declared_length()
+        self.hub.requests.append(f"{self.command} {self.path[:300]}")
+        try:
+            reply = self.dispatch()
+        except HubError as err:
+            reply = Reply.json(err.status, {"error": err.message})
+            reply.headers.update({"X-Error-Code": err.code, "X-Error-Message": _header_safe(err.message)})
+        except DropConnection:
+            self.close_connection = True
+            return
+        except Exception as err:  # noqa: BLE001 - a bug must still get an HTTP answer, not a dropped socket
+            reply = Reply.json(500, {"error": f"internal error: {type(err).__name__}"})
+        self.send(reply)
+
+    def _declared_length(self) -> int | None:
+        """Content-Length as an int (0 if absent), or None if it is not a plain decimal number."""
+        value = self.headers.get("Content-Length")
+        if self.headers.get("Transfer-Encoding"):
+            return None
+        return 0 if value is None else int(value) if value.strip().isdigit() else None
+
+    def read_body(self, limit: int) -> bytes:
+        length = self.body_pending
+        if length is None:
+            raise HubError(411, "LengthRequired", "a body needs a plain Content-Length (no Transfer-Encoding)")
+        if length > limit:
+            raise HubError(413, "PayloadTooLarge", f"the body has {length} bytes; at most {limit} are accepted")
+        try:
+            data = self.rfile.read(length)
+        except OSError:  # timed out or reset: there is nobody to answer
+            raise DropConnection from None
+        self.body_pending = 0
+        if len(data) != length:
+            raise DropConnection
+        return data
+
+    def dispatch(self) -> Reply:
+        split = urlsplit(self.path)
+        try:
+            handler, params = self.routes.match(self.command, split.path)
+        except UnicodeDecodeError:
+            raise bad_request("the path is not valid percent-encoded UTF-8") from None
+        given = self.headers.get("Authorization", "")
+        request = Request(self.command, split.path, params, parse_qs(split.query), self.headers,
+                          hmac.compare_digest(given.encode(), f"Bearer {self.hub.token}".encode()), self.read_body)
+        return handler(request)
+
+    def send(self, reply: Reply) -> None:
+        if self.body_pending != 0:  # the body was not read: it must not be taken for the next request
+            self.close_connection = True
+            reply.headers["Connection"] = "close"
+        length = reply.file[2] if reply.file else len(reply.body)
+        self.send_response(reply.status)
+        self.send_header("Content-Type", reply.content_type)
+        self.send_header("Content-Length", str(length))
+        for key, value in reply.headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        if reply.file is None:
+            self.wfile.write(reply.body)
+            return
+        path, first, remaining = reply.file
+        with open(path, "rb") as fh:
+            fh.seek(first)
+            while remaining > 0:
+                chunk = fh.read(min(remaining, 1 << 20))
+                if not chunk:
+                    break
+                self.wfile.write(chunk)
+                remaining -= len(chunk)
+
+
 def _make_handler(hub: LocalHub, timeout: float) -> type[BaseHTTPRequestHandler]:
-    routes = Routes(hub)
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def setup(self) -> None:
-            self.timeout = timeout  # idle or slow connections are closed
-            super().setup()
-
-        def log_message(self, *args: Any) -> None:  # quiet: the command prints its own one-line log
-            pass
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server's names
-            self.handle_request()
-
-        do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_GET  # noqa: N815
-
-        def handle_request(self) -> None:
-            self.body_pending = self._declared_length()
-            hub.requests.append(f"{self.command} {self.path[:300]}")
-            try:
-                reply = self.dispatch()
-            except HubError as err:
-                reply = Reply.json(err.status, {"error": err.message})
-                reply.headers.update({"X-Error-Code": err.code, "X-Error-Message": _header_safe(err.message)})
-            except DropConnection:
-                self.close_connection = True
-                return
-            except Exception as err:  # noqa: BLE001 - a bug must still get an HTTP answer, not a dropped socket
-                reply = Reply.json(500, {"error": f"internal error: {type(err).__name__}"})
-            self.send(reply)
-
-        def _declared_length(self) -> int | None:
-            """Content-Length as an int (0 if absent), or None if it is not a plain decimal number."""
-            value = self.headers.get("Content-Length")
-            if self.headers.get("Transfer-Encoding"):
-                return None
-            return 0 if value is None else int(value) if value.strip().isdigit() else None
-
-        def read_body(self, limit: int) -> bytes:
-            length = self.body_pending
-            if length is None:
-                raise HubError(411, "LengthRequired", "a body needs a plain Content-Length (no Transfer-Encoding)")
-            if length > limit:
-                raise HubError(413, "PayloadTooLarge", f"the body has {length} bytes; at most {limit} are accepted")
-            try:
-                data = self.rfile.read(length)
-            except OSError:  # timed out or reset: there is nobody to answer
-                raise DropConnection from None
-            self.body_pending = 0
-            if len(data) != length:
-                raise DropConnection
-            return data
-
-        def dispatch(self) -> Reply:
-            split = urlsplit(self.path)
-            try:
-                handler, params = routes.match(self.command, split.path)
-            except UnicodeDecodeError:
-                raise bad_request("the path is not valid percent-encoded UTF-8") from None
-            given = self.headers.get("Authorization", "")
-            request = Request(self.command, split.path, params, parse_qs(split.query), self.headers,
-                              hmac.compare_digest(given.encode(), f"Bearer {hub.token}".encode()), self.read_body)
-            return handler(request)
-
-        def send(self, reply: Reply) -> None:
-            if self.body_pending != 0:  # the body was not read: it must not be taken for the next request
-                self.close_connection = True
-                reply.headers["Connection"] = "close"
-            length = reply.file[2] if reply.file else len(reply.body)
-            self.send_response(reply.status)
-            self.send_header("Content-Type", reply.content_type)
-            self.send_header("Content-Length", str(length))
-            for key, value in reply.headers.items():
-                self.send_header(key, value)
-            self.end_headers()
-            if self.command == "HEAD":
-                return
-            if reply.file is None:
-                self.wfile.write(reply.body)
-                return
-            path, first, remaining = reply.file
-            with open(path, "rb") as fh:
-                fh.seek(first)
-                while remaining > 0:
-                    chunk = fh.read(min(remaining, 1 << 20))
-                    if not chunk:
-                        break
-                    self.wfile.write(chunk)
-                    remaining -= len(chunk)
-
-    return Handler
+    return type("Handler", (HubRequestHandler,), dict(hub=hub, routes=Routes(hub), idle_timeout=timeout))
 
 
 def _header_safe(text: str) -> str:
