@@ -56,6 +56,8 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "hf":  # the transformers face, before transformers has been imported (which registers it)
+        return import_module(".hf", __name__)
     if name not in _LAZY:
         raise AttributeError(f"module 'pape_hub' has no attribute {name!r}")
     module, extra = _LAZY[name]

@@ -196,3 +196,7 @@ def test_the_transformers_face_registers_when_transformers_is_imported():
     done = subprocess.run([sys.executable, "-c", LAZY_FACE], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["PapeViTConfig", "PapeViTForImageClassification", "PapeViViTConfig", "pipeline"]
+    face_first = ("import sys, pape_hub\nconfig = pape_hub.hf.PapeViTConfig()  # the face itself, before transformers\n"
+                  "from transformers import AutoConfig\nprint(type(AutoConfig.for_model('pape_vit')).__name__)")
+    done = subprocess.run([sys.executable, "-c", face_first], capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == ["PapeViTConfig"], done.stderr[-2000:]
