@@ -21,7 +21,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-__all__ = ["COMMANDS", "HelpFormatter", "command_help", "main", "write_help_cache"]
+__all__ = ["COMMANDS", "HelpFormatter", "cached_help", "command_help", "main", "write_help_cache"]
 HELP_WIDTH = 100  # help is rendered at one width, so the cached text is the parser's own
 
 COMMANDS = {
@@ -100,18 +100,26 @@ def command_help(name: str) -> str:
     return command_parser(name)[0].format_help()
 
 
+def python_minor() -> str:
+    return "{}.{}".format(*sys.version_info[:2])
+
+
 def write_help_cache() -> Path:
-    """Render every command's help into :func:`help_cache` (``python scripts/write_cli_help.py``)."""
+    """Render every command's help into :func:`help_cache` (``python scripts/write_cli_help.py``); argparse's
+    layout differs between Python versions, so the file records the version that rendered it."""
     path = help_cache()
-    path.write_text(json.dumps({name: command_help(name) for name in COMMANDS}, indent=1, sort_keys=True) + "\n")
+    cache = dict(python=python_minor(), commands={name: command_help(name) for name in COMMANDS})
+    path.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
     return path
 
 
 def cached_help(name: str) -> str | None:
+    """The cached help of command ``name``, if rendered by this Python version (else the parser renders it)."""
     path = help_cache()
     if path is None or not path.exists():
         return None
-    return json.loads(path.read_text()).get(name)
+    cache = json.loads(path.read_text())
+    return cache["commands"].get(name) if cache.get("python") == python_minor() else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,8 +27,8 @@ _BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true", help="only check; exit 1 if anything is stale")
-    parser.add_argument("--readme", default=str(ROOT / "README.md"), help="the README to update")
-    parser.add_argument("--results", default=str(ROOT / "results"), help="the results folder")
+    parser.add_argument("--readme", default=None, help="the README to update (default: the checkout's README.md)")
+    parser.add_argument("--results", default=None, help="the results folder (default: the checkout's results/)")
 
 
 def load(results: Path, name: str) -> dict[str, Any] | None:
@@ -367,7 +367,7 @@ def redraw_plots(results: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    readme, results = Path(args.readme), Path(args.results)
+    readme, results = Path(args.readme or ROOT / "README.md"), Path(args.results or ROOT / "results")
     if args.check:
         problems = check(readme, results)
         for problem in problems:
