@@ -1,5 +1,6 @@
 """Command implementations shared by ``pape-hub <command>`` and ``scripts/<command>.py``, and the flags made from
 the configs they fill (:func:`add_config_arguments`)."""
+
 from __future__ import annotations
 
 import argparse
