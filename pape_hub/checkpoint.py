@@ -11,6 +11,7 @@ half-written checkpoint.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -107,15 +108,22 @@ def save_checkpoint(model: torch.nn.Module, directory: str | Path, results: dict
     face = hasattr(model, "vit") and hasattr(model, "config")  # the transformers face: its core is the timm model
     core = model.vit if face else model
     if face:
-        data_config = data_config or dict(mean=list(model.config.image_mean), std=list(model.config.image_std))
+        mean, std = model.config.normalisation()
+        data_config = data_config or dict(mean=mean, std=std)
         cfg = timm.models.get_pretrained_cfg(model.config.timm_name()).to_dict()  # what timm builds it with
     else:
         cfg = getattr(model, "pretrained_cfg", None) or {}
     # how inputs are cropped and resized travels with the model (a converted source's crop_pct), unless given
     data_config = {**{k: cfg[k] for k in ("crop_pct", "crop_mode", "interpolation") if cfg.get(k) is not None},
                    **(data_config or {})}
-    hf_config = model.config if face else config_from_timm(model, label_names, data_config.get("mean"),
-                                                           data_config.get("std"))
+    if face:
+        hf_config = model.config
+        if label_names:  # the given labels win over the model's, as for a timm model; the model is left as it is
+            hf_config = copy.deepcopy(hf_config)
+            hf_config.id2label = dict(enumerate(label_names))
+            hf_config.label2id = {name: i for i, name in enumerate(label_names)}
+    else:
+        hf_config = config_from_timm(model, label_names, data_config.get("mean"), data_config.get("std"))
     hf_class = transformers_class(hf_config, head=bool(core.num_classes))
     config = {**hf_config.to_diff_dict(), "architectures": [hf_class.__name__],
               "dtype": str(next(core.parameters()).dtype).removeprefix("torch."),

@@ -291,3 +291,18 @@ def test_saving_draws_no_random_numbers(tmp_path):
     loaded, _ = load_checkpoint(tmp_path / "ck")
     x = torch.randn(2, 3, 32, 32)
     assert torch.equal(loaded.eval()(x), model.eval()(x))
+
+
+def test_saving_the_transformers_face_takes_given_labels_and_one_number_normalisation(tmp_path):
+    import timm
+
+    from pape_hub.checkpoint import read_config, save_checkpoint
+    from pape_hub.hf.convert import timm_to_transformers
+
+    hf = timm_to_transformers(timm.create_model("vit_t4_pape", embed_dim=32, depth=1, num_heads=2, num_classes=3),
+                              ["a", "b", "c"])
+    hf.config.image_mean, hf.config.image_std = 0.5, 0.25  # one number for every channel, as transformers allows
+    save_checkpoint(hf, tmp_path / "ck", label_names=["x", "y", "z"])
+    config = read_config(tmp_path / "ck")
+    assert config["label_names"] == ["x", "y", "z"] and hf.config.id2label[0] == "a"  # the model is left as it is
+    assert config["pretrained_cfg"]["mean"] == [0.5] * 3 and config["pretrained_cfg"]["std"] == [0.25] * 3

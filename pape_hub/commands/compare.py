@@ -20,7 +20,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +44,9 @@ GENERIC = dict(model="vit_t4_{encoding}", model_kwargs=dict(SMALL_VIT), img_size
                aug="default", results_dir="none")
 DEFAULT_ENCODINGS = "none,ape,sincos,rope,rope_mixed,polar_rope,alibi,lookhere,pape,pape_ri,liere8"
 #: TrainConfig settings a comparison takes from the command line (unset: the dataset preset's)
-PRESET_SETTINGS = ("img_size", "train_size", "eval_size", "epochs", "batch_size", "lr", "warmup_epochs", "weight_decay",
-                   "label_smoothing", "drop_path", "aug", "hflip", "color_jitter", "mixup", "cutmix", "recipe")
+PRESET_SETTINGS = ("model_kwargs", "img_size", "train_size", "eval_size", "epochs", "batch_size", "lr",
+                   "warmup_epochs", "weight_decay", "label_smoothing", "drop_path", "aug", "hflip", "color_jitter",
+                   "mixup", "cutmix", "recipe")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +58,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
     parser.add_argument("--model", default=None, help="timm name pattern, {encoding} replaced (default: the "
                         "preset's, vit_t4_{encoding} or vivit_t16_{encoding})")
-    parser.add_argument("--model-kwargs", default=None, help="JSON model arguments (default: the preset's)")
     parser.add_argument("--resolutions", default=None, help="comma-separated evaluation sizes (default: preset's)")
     parser.add_argument("--clips", default=None, help="video: comma-separated FRAMESxSIZE evaluation clips, the "
                         "training clip first (default: the preset's)")
@@ -73,11 +72,6 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     """The preset for ``args.dataset`` with every flag given on the command line applied."""
     kind = args.dataset.partition(":")[0]
     preset = dict(PRESETS.get(kind, GENERIC))
-    if args.model_kwargs is not None:
-        try:
-            preset["model_kwargs"] = json.loads(args.model_kwargs)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"--model-kwargs is not valid JSON: {err}") from err
     if args.resolutions:
         preset["resolutions"] = [int(r) for r in args.resolutions.split(",")]
     if args.clips:
