@@ -401,18 +401,18 @@ def data_transforms(cfg: TrainConfig, img_size: int, channels: int, mean: Any, s
     return train_tf, eval_tf
 
 
-def normalisation(cfg: TrainConfig, img_size: int, channels: int, crop_pct: float, num_frames: int | None
-                  ) -> tuple[list[float], list[float]]:
-    """Mean and std (one per channel) the run normalises with: the training split's own, or the model's."""
+def normalisation(cfg: TrainConfig, img_size: int, channels: int, crop_pct: float, num_frames: int | None,
+                  setting: Any = None) -> tuple[list[float], list[float]]:
+    """Mean and std (one per channel) the run normalises with: the training split's own, or the model's.
+    ``setting``: the generated task's (:func:`task_setting`), whose statistics are known in closed form."""
     if cfg.normalize == "model":
         pretrained = get_pretrained_cfg(cfg.model).to_dict()
         mean, std = list(pretrained["mean"]), list(pretrained["std"])
         if channels == 1:  # a grey model: the average of the model's per-channel values
             mean, std = [sum(mean) / len(mean)], [sum(std) / len(std)]
         return mean, std
-    task = generated_task(cfg.dataset)
-    if task is not None:  # known in closed form
-        mean, std = task.statistics(task_setting(cfg))
+    if setting is not None:
+        mean, std = generated_task(cfg.dataset).statistics(setting)
         return [round(mean, 6)] * channels, [round(std, 6)] * channels
     if num_frames is not None:  # a video folder: decoding is slow, so fewer clips
         to_tensor = VideoTransform(img_size, (0.0,) * channels, (1.0,) * channels)
@@ -473,9 +473,9 @@ class Run:
     facts: dict[str, Any]
 
 
-def _input_spec(cfg: TrainConfig) -> tuple[int, int | None, bool]:
-    """(image size, frames per clip or None, is video), checked against the model."""
-    generated = task_setting(cfg)
+def _input_spec(cfg: TrainConfig, generated: Any) -> tuple[int, int | None, bool]:
+    """(image size, frames per clip or None, is video), checked against the model; ``generated``: the generated
+    task's setting, or None."""
     defaults = {**model_args_for(cfg.model), **cfg.model_kwargs}
     video = "num_frames" in defaults
     if video != is_video_spec(cfg.dataset):
@@ -503,10 +503,11 @@ def task_setting(cfg: TrainConfig) -> Any:
 def build_run(cfg: TrainConfig, accelerator: Accelerator) -> Run:
     """Data, model, optimizer, schedule and loss, prepared by accelerate."""
     arrow_cfg, motion_cfg = ArrowConfig(**cfg.arrow), MotionConfig(**cfg.motion)  # checked whatever the dataset
-    img_size, num_frames, video = _input_spec(cfg)
+    setting = task_setting(cfg)
+    img_size, num_frames, video = _input_spec(cfg, setting)
     channels = cfg.model_kwargs.get("in_chans", 3)
     crop_pct = get_pretrained_cfg(cfg.model).to_dict().get("crop_pct", 0.9)
-    mean, std = normalisation(cfg, img_size, channels, crop_pct, num_frames)
+    mean, std = normalisation(cfg, img_size, channels, crop_pct, num_frames, setting)
     train_tf, eval_tf = data_transforms(cfg, img_size, channels, mean, std, crop_pct, video)
     data = build_data(cfg.dataset, img_size=img_size, seed=cfg.seed, val_fraction=cfg.val_fraction,
                       train_size=cfg.train_size, eval_size=cfg.eval_size, arrow_config=arrow_cfg,

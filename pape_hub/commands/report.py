@@ -215,23 +215,29 @@ def on_seeds(data: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
 def rerun_block(results: Path, earlier: str, later: str) -> str:
     """A re-run of a comparison against the table it replaced: the runs of the seeds both hold, equal bit for bit
     or by how much, and whether each earlier mean lies inside the later run's 95% bootstrap interval."""
-    from ..experiment import aggregate, columns
+    from ..experiment import accuracy, aggregate, columns
 
     runs = {name: load(results, f"{name}/summary.json") for name in (earlier, later)}
     if any(data is None for data in runs.values()):
         return f"_Not measured yet: `results/{earlier}` or `results/{later}` is missing._\n"
     old, new = runs[earlier], runs[later]
     shared = [seed for seed in old["seeds"] if seed in new["seeds"]]
-    labels = [c[0] for c in columns(old["sizes"], old["unit"])]
-    key = {(r["encoding"], r["seed"]): {row_key(row): row["top1"] for row in r["rows"]} for r in old["runs"]}
+    cols = columns(old["sizes"], old["unit"])
+    labels = [c[0] for c in cols]
+
+    def top1s(run: dict[str, Any]) -> list[float | None]:  # every reported column of one run
+        return [accuracy(run["rows"], size, interp, shuffle) for _, size, interp, shuffle in cols]
+
+    earlier_runs = {(r["encoding"], r["seed"]): top1s(r) for r in old["runs"]}
     later_stats = aggregate(new["runs"], new["sizes"], new["unit"])
     lines = ["| encoding | runs equal bit for bit | largest top-1 difference | earlier means inside the later "
              "intervals |", "|---|---|---|---|"]
     for enc in old["encodings"]:
-        pairs = [(key[(enc, r["seed"])], {row_key(row): row["top1"] for row in r["rows"]}) for r in new["runs"]
-                 if r["encoding"] == enc and r["seed"] in shared and (enc, r["seed"]) in key]
+        pairs = [(earlier_runs[(enc, r["seed"])], top1s(r)) for r in new["runs"]
+                 if r["encoding"] == enc and r["seed"] in shared and (enc, r["seed"]) in earlier_runs]
         equal = sum(a == b for a, b in pairs)
-        largest = max((abs(a[k] - b[k]) for a, b in pairs for k in a if k in b), default=0.0)
+        largest = max((abs(x - y) for a, b in pairs for x, y in zip(a, b) if x is not None and y is not None),
+                      default=0.0)
         inside = [label for label in labels if label in old["aggregate"].get(enc, {}) and label in later_stats[enc]
                   and later_stats[enc][label]["ci95"][0] - 1e-9 <= old["aggregate"][enc][label]["mean"]
                   <= later_stats[enc][label]["ci95"][1] + 1e-9]
@@ -244,10 +250,6 @@ def rerun_block(results: Path, earlier: str, later: str) -> str:
               f"seeds of `results/{later}`, every column; the intervals are the later run's over seeds "
               f"{', '.join(map(str, new['seeds']))}. Earlier: {provenance_line(old)} Later: {provenance_line(new)}"]
     return "\n".join(lines) + "\n"
-
-
-def row_key(row: dict[str, Any]) -> tuple[Any, bool, bool]:
-    return row["size"], bool(row["interpolation"]), bool(row.get("patch_shuffle"))
 
 
 def _solved(data: dict[str, Any], encoding: str, size: int) -> int:
