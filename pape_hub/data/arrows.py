@@ -127,16 +127,13 @@ class ArrowDataset(GeneratedDataset):
     """``length`` deterministic samples: (image float tensor (C, S, S), label int); normalisation and channels as
     :class:`~pape_hub.data.generated.GeneratedDataset`."""
 
-    name, config_class, pixel_dims = "arrows", ArrowConfig, 2
+    name, config_class, pixel_dims, label_names = "arrows", ArrowConfig, 2, DIRECTIONS
     statistics_seed, statistics_samples = 7_000_003, 2048
 
     def __init__(self, length: int, config: ArrowConfig | None = None, seed: int = 0,
                  normalize: str | tuple[Any, Any] | None = "auto", channels: int = 3) -> None:
         super().__init__(length, config, seed, normalize, channels)
         self.glyphs = render_glyphs(self.config.cell)
-
-    def labels(self) -> list[str]:
-        return list(DIRECTIONS)
 
     def sample(self, index: int) -> tuple[np.ndarray, int, dict]:
         """(uint8 image (S, S), label, layout) where layout says what went where (for tests and plots)."""

@@ -27,6 +27,7 @@ class GeneratedDataset(Dataset):
     name: ClassVar[str]  # as recorded in checkpoints
     config_class: ClassVar[type]
     pixel_dims: ClassVar[int]  # 2 for images (S, S), 3 for clips (T, S, S)
+    label_names: ClassVar[tuple[str, ...]]  # the classes, in label order
     statistics_seed: ClassVar[int]
     statistics_samples: ClassVar[int]
 
@@ -35,15 +36,12 @@ class GeneratedDataset(Dataset):
         if channels not in (1, 3):
             raise ValueError(f"{self.name} samples have 1 or 3 channels, got {channels}")
         self.length, self.config, self.seed, self.channels = length, config or self.config_class(), seed, channels
-        self.classes = list(self.labels())
+        self.classes = list(self.label_names)
         if normalize == "auto":
             normalize = pixel_statistics(type(self), self.config)
         shape = (-1,) + (1,) * self.pixel_dims  # (C or 1, 1, ...) to broadcast over (C, *pixels)
         self.normalize = None if normalize is None else tuple(
             torch.tensor(v, dtype=torch.float32).reshape(shape) for v in normalize)
-
-    def labels(self) -> list[str]:
-        raise NotImplementedError
 
     def sample(self, index: int) -> tuple[np.ndarray, int, Any]:
         raise NotImplementedError

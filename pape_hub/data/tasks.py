@@ -10,24 +10,39 @@ dataset, the closed-form statistics it is normalised with, whether it is video, 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
-from .arrows import ArrowConfig, ArrowDataset, arrow_statistics
-from .video import MotionConfig, MotionDataset, motion_statistics
+from .arrows import ArrowDataset
+from .generated import GeneratedDataset, pixel_statistics
+from .video import MotionDataset
 
 __all__ = ["GENERATED_TASKS", "GeneratedTask", "generated_task"]
 
 
 @dataclasses.dataclass(frozen=True)
 class GeneratedTask:
-    name: str
-    config_class: type
-    dataset_class: type
-    statistics: Callable[[Any], tuple[float, float]]  # (mean, std) of a setting's pixels
-    is_video: bool
+    """A generated task: its dataset class (which names the task, its setting class and its pixels' dimensions)
+    and what a training run and an evaluation need beyond it."""
+
+    dataset_class: type[GeneratedDataset]
     setting_field: str  # the TrainConfig field holding the setting's fields ("arrow" / "motion")
     unit: str  # what one evaluation size is, for tables and plots
+
+    @property
+    def name(self) -> str:
+        return self.dataset_class.name
+
+    @property
+    def config_class(self) -> type:
+        return self.dataset_class.config_class
+
+    @property
+    def is_video(self) -> bool:
+        return self.dataset_class.pixel_dims == 3  # clips (T, S, S)
+
+    def statistics(self, setting: Any) -> tuple[float, float]:
+        """(mean, std) of a setting's pixels, the normalisation a model trained on it uses."""
+        return pixel_statistics(self.dataset_class, setting)
 
     def setting(self, fields: dict[str, Any] | None = None, **changes: Any) -> Any:
         """The task's setting from recorded fields (every field the config class knows; an option left out here
@@ -52,12 +67,10 @@ class GeneratedTask:
         return [dataclasses.replace(base, grid=grid) for grid in sizes]
 
 
-GENERATED_TASKS = {
-    "arrows": GeneratedTask("arrows", ArrowConfig, ArrowDataset, arrow_statistics, is_video=False,
-                            setting_field="arrow", unit="arrow grid (cells per side)"),
-    "motion": GeneratedTask("motion", MotionConfig, MotionDataset, motion_statistics, is_video=True,
-                            setting_field="motion", unit="clip (frames x cells per side)"),
-}
+GENERATED_TASKS = {task.name: task for task in (
+    GeneratedTask(ArrowDataset, setting_field="arrow", unit="arrow grid (cells per side)"),
+    GeneratedTask(MotionDataset, setting_field="motion", unit="clip (frames x cells per side)"),
+)}
 
 
 def generated_task(spec: str) -> GeneratedTask | None:

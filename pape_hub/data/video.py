@@ -85,11 +85,8 @@ class MotionDataset(GeneratedDataset):
     """``length`` deterministic clips: (video float tensor (C, T, H, W), label int); see the module docstring;
     normalisation and channels as :class:`~pape_hub.data.generated.GeneratedDataset`."""
 
-    name, config_class, pixel_dims = "motion", MotionConfig, 3
+    name, config_class, pixel_dims, label_names = "motion", MotionConfig, 3, DIRECTIONS
     statistics_seed, statistics_samples = 7_100_003, 512
-
-    def labels(self) -> list[str]:
-        return list(DIRECTIONS)
 
     def sample(self, index: int) -> tuple[np.ndarray, int, dict[str, Any]]:
         """(uint8 clip (T, S, S), label, layout: the mover's cells per step and the distractors' cells)."""
