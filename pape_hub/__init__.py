@@ -42,7 +42,9 @@ if find_spec("transformers") is not None:
 
     if _check_config_agreement not in SOURCE_CONFIG_CHECKS:
         SOURCE_CONFIG_CHECKS.append(_check_config_agreement)
-    when_imported("transformers", _register_transformers_face)
+    when_imported("transformers", _register_transformers_face,
+                  failed="the pape_vit / pape_vivit Auto classes are not registered (the timm models work); "
+                  "`import pape_hub.hf` shows the full error, e.g. an unsupported transformers version")
 
 __version__ = "0.1.0"
 

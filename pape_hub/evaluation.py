@@ -17,7 +17,6 @@ from .checkpoint import load_checkpoint
 from .data import (
     ARROW_TEST_SEED,
     DATASET_SPECS,
-    DIRECTIONS,
     VideoTransform,
     build_data,
     generated_task,
@@ -184,14 +183,17 @@ def _trained_size(config: dict[str, Any], dataset: str, native: int) -> int | st
     return native
 
 
-#: classes of the built-in tasks, for evaluations written before ``num_classes`` was recorded
-BUILTIN_CLASSES = {"arrows": len(DIRECTIONS), "motion": len(DIRECTIONS), "digits": 10}
+#: classes of the built-in datasets that are not generated tasks, for evaluations written before ``num_classes``
+#: was recorded (a generated task names its own)
+BUILTIN_CLASSES = {"digits": 10}
 _MARKERS = "osD^vP*Xh<>p"
 
 
 def chance_level(result: dict[str, Any]) -> float | None:
     """1 / number of classes: recorded by :func:`evaluate_checkpoint`, else known for a built-in task."""
-    classes = result.get("num_classes") or BUILTIN_CLASSES.get(str(result.get("dataset")))
+    task = generated_task(str(result.get("dataset")))
+    classes = result.get("num_classes") or (len(task.dataset_class.label_names) if task else
+                                            BUILTIN_CLASSES.get(str(result.get("dataset"))))
     return 1.0 / classes if classes else None
 
 

@@ -21,27 +21,29 @@ from typing import Any
 __all__ = ["when_imported"]
 
 
-def when_imported(name: str, callback: Callable[[], None]) -> None:
-    """Call ``callback()`` once top-level module ``name`` is imported (now, if it already is)."""
+def when_imported(name: str, callback: Callable[[], None], failed: str = "") -> None:
+    """Call ``callback()`` once top-level module ``name`` is imported (now, if it already is); ``failed``: what
+    the warning adds when the callback raises (what is missing and how to see why)."""
+    hook = (name, callback, failed)
     if name in sys.modules:
-        _run(name, callback)
+        _run(*hook)
     else:
-        sys.meta_path.insert(0, _PostImportFinder(name, callback))
+        sys.meta_path.insert(0, _PostImportFinder(*hook))
 
 
-def _run(name: str, callback: Callable[[], None]) -> None:
+def _run(name: str, callback: Callable[[], None], failed: str) -> None:
     try:
         callback()
     except Exception as err:  # noqa: BLE001 - the user's import of `name` must succeed whatever the hook does
-        warnings.warn(f"pape_hub: the hook run after importing {name} failed: {type(err).__name__}: {err}",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(f"pape_hub: the hook run after importing {name} failed ({type(err).__name__}: {err})"
+                      + (f"; {failed}" if failed else ""), RuntimeWarning, stacklevel=3)
 
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):
     """Finds ``name`` through the other finders and wraps its loader; removes itself once used."""
 
-    def __init__(self, name: str, callback: Callable[[], None]) -> None:
-        self.name, self.callback = name, callback
+    def __init__(self, name: str, callback: Callable[[], None], failed: str) -> None:
+        self.name, self.callback, self.failed = name, callback, failed
 
     def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None
                   ) -> importlib.machinery.ModuleSpec | None:
@@ -70,4 +72,4 @@ class _CallbackLoader(importlib.abc.Loader):
         self.loader.exec_module(module)
         if self.finder in sys.meta_path:
             sys.meta_path.remove(self.finder)
-            _run(self.finder.name, self.finder.callback)
+            _run(self.finder.name, self.finder.callback, self.finder.failed)
