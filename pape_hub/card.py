@@ -147,20 +147,23 @@ def render_conversion_card(config: dict[str, Any], repo_id: str | None = None) -
         tags=["image-classification", "vision", "position-encoding", f"position-encoding-{encoding}", "pape_hub",
               "timm", "transformers", "custom_code"])
     check = source.get("check")
-    exactness = (f"On a fixed random batch {check['input']}, its logits differ from the source's (built by timm's own "
-                 f"`{check['source']}` code from the same files) by at most {check['max_abs_diff_float32']:.2e} in "
+    built_by = check.get("built_by", f"timm's own `{check['source']}` code") if check else ""
+    exactness = (f"On a fixed random batch {check['input']}, its logits differ from the source's (built by {built_by} "
+                 f"from the same files) by at most {check['max_abs_diff_float32']:.2e} in "
                  f"float32 and {check['max_abs_diff_float64']:.2e} in float64 (largest logit "
                  f"{check['max_abs_logit']:.2f}), measured by `pape-hub convert`." if check else
                  "The conversion was not compared with the source (`--no-verify`).")
     sections = [
         GENERATED_MARK, f"# {name}",
         f"The public checkpoint [`{source['hf_hub_id']}`](https://huggingface.co/{source['hf_hub_id']}) "
-        f"({source.get('paper') or 'see its card'}) as a pape_hub Vision Transformer with the **`{encoding}`** "
+        + (f"(its file `{source['file']}`) " if source.get("file") else "")
+        + f"({source.get('paper') or 'see its card'}) as a pape_hub Vision Transformer with the **`{encoding}`** "
         f"position encoding (width {args.get('embed_dim')}, depth {args.get('depth')}, {args.get('num_heads')} heads, "
         f"patch {args.get('patch_size')}, {args.get('img_size')} px, {config.get('num_classes')} classes), converted "
         f"with [pape_hub]({PROJECT_URL}). The weights are the source's; pape_hub trained nothing.",
         "## Conversion", exactness,
-        f"- licence: {source.get('license')} (the source's)\n- preprocessing (the source's): mean {cfg.get('mean')}, "
+        f"- licence: {source.get('license') or 'as its Hub repository states (not recorded here)'} (the source's)"
+        f"\n- preprocessing (the source's): mean {cfg.get('mean')}, "
         f"std {cfg.get('std')}, crop {cfg.get('crop_pct')} ({cfg.get('crop_mode')}), {cfg.get('interpolation')} "
         "resize",
         *_usage(repo_id),

@@ -404,6 +404,27 @@ def test_sape2_gradients_are_finite():
     assert torch.isfinite(q.grad).all() and torch.isfinite(enc.pos_emb.grad).all()
 
 
+@pytest.mark.parametrize("grid", [(4, 4), (3, 7)])
+@pytest.mark.parametrize("interpolate", [False, True])
+def test_dinov3_rope_angles_follow_dinov3(grid, interpolate):
+    """DINOv3's RoPE, written out: patch (row r, column c) of an H x W grid has coordinates
+    y = 2 (r + 0.5) / H - 1 and x = 2 (c + 0.5) / W - 1 in [-1, 1], periods 100^(4k / head_dim), angles
+    2 pi x / period_k then 2 pi y / period_k (this package's x-first, interleaved layout); prefix tokens unrotated.
+    The coordinates are relative to the grid, so position interpolation changes nothing."""
+    enc = make_encoding("rope_dinov3", num_prefix=2)
+    pos = grid_positions(grid, 2, train_grid_size=(4, 4), interpolate=interpolate, dtype=torch.float64)
+    cos, sin = enc.prepare(pos)
+    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+    x = 2 * (cols.flatten().double() + 0.5) / grid[1] - 1
+    y = 2 * (rows.flatten().double() + 0.5) / grid[0] - 1
+    periods = 100.0 ** (4 * torch.arange(HEAD_DIM // 4, dtype=torch.float64) / HEAD_DIM)
+    angles = torch.cat([2 * math.pi * x[:, None] / periods, 2 * math.pi * y[:, None] / periods], dim=-1)
+    # the frequencies are a float32 buffer, as AxialRoPE's (and timm's DINOv3 periods): float32-close, no closer
+    torch.testing.assert_close(cos[0, 0, 2:], angles.cos().repeat_interleave(2, -1), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(sin[0, 0, 2:, 1::2], angles.sin(), rtol=1e-6, atol=1e-7)
+    assert torch.equal(cos[0, 0, :2], torch.ones_like(cos[0, 0, :2])) and not sin[0, 0, :2].any()
+
+
 def test_position_interpolation_scales_to_training_range():
     pos = grid_positions((28, 14), 1, train_grid_size=(14, 14), interpolate=True)
     assert pos.coords[:, 1].max().item() == pytest.approx(27 * 0.5)  # y axis halved
@@ -414,7 +435,7 @@ def test_position_interpolation_scales_to_training_range():
 def test_every_encoding_is_registered():
     assert set(list_encodings()) == {
         "none", "ape", "sincos", "rope", "rope_ape", "rope_mixed", "rope_mixed_ape", "alibi", "lookhere", "pape",
-        "pape_ri", "polar_rope", "sape2", "sape2_ape", "liere8", "liere",
+        "pape_ri", "polar_rope", "sape2", "sape2_ape", "liere8", "liere", "rope_dinov3",
     }
 
 

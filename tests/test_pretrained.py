@@ -17,6 +17,7 @@ import torch
 from test_hub import client, hub  # noqa: F401 - the local Hub fixture
 
 import pape_hub
+from pape_hub.models.lookhere_reference import LookHereReference
 from pape_hub.models.pretrained import SOURCES, convert_state_dict, transplant
 
 SMALL = dict(embed_dim=64, depth=2, num_heads=4, img_size=64, num_classes=5)
@@ -32,6 +33,7 @@ FAMILIES = {
     "vit_s16_rope_mixed.naver_in1k": 1e-5,
     "vit_s16_rope_ape.naver_in1k": 1e-5,
     "vit_s16_rope_mixed_ape.naver_in1k": 1e-5,
+    "vit_s16_rope_dinov3.lvd1689m": 1e-5,  # timm's DINOv3 RoPE: float32 angles too
 }
 
 
@@ -116,6 +118,53 @@ def test_negative_controls_fail():
     wrong.load_state_dict(convert_state_dict(axial.state_dict(), wrong)[0])
     wrong.pos_encoding.freqs.mul_(2)  # another temperature
     assert max_diff(axial, wrong) > 1e-2
+
+
+def test_dinov3_negative_controls_fail():
+    """DINOv3: its channel layout, its axis order and its image-relative coordinates each matter."""
+    from pape_hub.models.pretrained import _split, dinov3_qk_order, permute_qk_channels
+
+    entry = "vit_s16_rope_dinov3.lvd1689m"
+    source = source_model(entry)
+    model = converted(entry, source.state_dict())
+    renamed = dict(_split(source.state_dict(), "timm_eva")[0], **{
+        k: v for k, v in model.state_dict().items() if k.startswith("pos_encoding.")})
+    renamed = {k.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma"): v for k, v in renamed.items()}
+    model.load_state_dict(renamed)
+    assert max_diff(source, model) > 1e-2  # q/k channels left in DINOv3's layout
+    quarter = 16 // 4  # head dim 16: x and y frequencies swapped
+    swapped = [c for j in range(8) for c in ((j % quarter) + (j < quarter) * 0 + (j >= quarter) * quarter,)]
+    order = [i for j in swapped for i in (j, j + 8)]
+    assert order != dinov3_qk_order(16)
+    model.load_state_dict(permute_qk_channels(renamed, order, 4, 2))
+    assert max_diff(source, model) > 1e-2  # x and y swapped
+    integer = timm.create_model("vit_s16_rope", **dict(small_args(entry), reg_tokens=4, init_values=1e-5,
+                                norm_eps=1e-5, qkv_bias=False, global_pool="avg", fc_norm=False)).double().eval()
+    integer.load_state_dict(convert_state_dict(source.state_dict(), converted(entry, source.state_dict()))[0])
+    assert max_diff(source, integer) > 1e-2  # integer patch coordinates instead of DINOv3's
+
+
+def test_register_tokens_are_unpositioned_prefix_tokens():
+    """Registers are prefix tokens like CLS: no encoding positions them, so swapping two registers' values changes
+    nothing (for every encoding without a learned row per prefix token), and pooling skips them."""
+    from pape_hub.encodings import list_encodings
+
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for name in list_encodings():
+        torch.manual_seed(0)
+        model = timm.create_model(f"vit_t4_{name}", embed_dim=32, depth=2, num_heads=2, num_classes=3, reg_tokens=2,
+                                  img_size=32).double().eval()
+        if any(getattr(m, "table_prefix", 0) for m in model.pos_encoding.modules()):
+            continue  # a learned row per prefix token positions each register on purpose (timm's ViT does too)
+        with torch.no_grad():
+            model.reg_token.normal_()
+            before = model(x)
+            model.reg_token.copy_(model.reg_token.flip(1))
+            assert torch.allclose(model(x), before, rtol=0, atol=1e-12), name
+    pooled = timm.create_model("vit_t4_rope", embed_dim=32, depth=1, num_heads=2, reg_tokens=3, global_pool="avg",
+                               fc_norm=False, class_token=False, num_classes=0).double().eval()
+    tokens = pooled.forward_features(x)
+    assert tokens.shape[1] == 3 + 64 and torch.allclose(pooled.forward_head(tokens), tokens[:, 3:].mean(1))
 
 
 def test_layer_scale_folds_into_a_model_without_it():
@@ -215,7 +264,8 @@ for entry in {entries}:
 
 
 def test_every_user_path_loads_sources_from_the_hub(hub, tmp_path):  # noqa: F811 - the fixture
-    entries = ["vit_s16_ape.fb_deit3_in1k", "vit_s16_rope_mixed.naver_in1k", "vit_b16_ape.mae"]
+    entries = ["vit_s16_ape.fb_deit3_in1k", "vit_s16_rope_mixed.naver_in1k", "vit_b16_ape.mae",
+               "vit_s16_rope_dinov3.lvd1689m"]
     done = client(hub, tmp_path, PUSH_SOURCES.format(entries=entries) + """
 from transformers import AutoModelForImageClassification
 from pape_hub.cli import main
@@ -228,9 +278,13 @@ for entry in logits:
         return float((getattr(got, "logits", got) - want).abs().max())
     classes = dict(num_classes=small_args(entry)["num_classes"])  # the small sources' heads: kept, not dropped
     named = timm.create_model(entry, pretrained=True, **small_args(entry), pretrained_cfg_overlay=classes).eval()
-    # any name seeded from the source's repo; without LayerScale the gains fold into the layers before them
-    overlay = timm.create_model(entry.split(".")[0], pretrained=True, **small_args(entry), pretrained_cfg_overlay=dict(
-        classes, hf_hub_id="timm/" + SOURCES[entry].timm_name)).eval()
+    # any name seeded from the source's repo; without LayerScale the gains fold into the layers before them, and
+    # without qkv biases (DINOv3) the model's are zero; registers and pooling are the architecture's, so they are given
+    shape = {k: v for k, v in SOURCES[entry].model_args.items() if k in ("reg_tokens", "global_pool", "fc_norm",
+                                                                        "norm_eps")}
+    overlay = timm.create_model(entry.split(".")[0], pretrained=True, **small_args(entry), **shape,
+                                pretrained_cfg_overlay=dict(classes, hf_hub_id="timm/" + SOURCES[entry].timm_name)
+                                ).eval()
     args = [f"--set={k}={json.dumps(v)}" for k, v in small_args(entry).items()]
     assert main(["convert", entry, f"{tmp}/{entry}", *args]) == 0
     hf = AutoModelForImageClassification.from_pretrained(f"{tmp}/{entry}").eval() if small_args(entry)[
@@ -247,6 +301,105 @@ print("RESULT", json.dumps(out))
     assert "timm/vit_small_patch16_rope_mixed_224.naver_in1k" in card and "float64" in card
     assert "license: apache-2.0" in card and "base_model: timm/vit_small_patch16_rope_mixed_224.naver_in1k" in card
     assert "license: cc-by-nc-4.0" in (tmp_path / "vit_b16_ape.mae" / "README.md").read_text()
+
+
+# --- LookHere's release: the official .pth ({"config", "weights"}) against an independent reference forward ---------
+
+LH90 = {"global_slope": 2, "layer_slopes": [1.5, 0.5], "head_directions": "corners-triangles-none"}
+#: the official code splits heads into its groups for 12 or 16 heads only; 96 wide keeps the test small
+LOOKHERE_SMALL = dict(embed_dim=96, depth=2, num_heads=12, img_size=64, num_classes=5, representation_size=384)
+
+
+def lookhere_release(dtype: torch.dtype = torch.float64, config: dict = LH90) -> dict:
+    """A release file's content: the reference model with non-trivial weights, and its config."""
+    reference = LookHereReference(config, embed_dim=96, depth=2, num_heads=12, num_classes=5)
+    return {"config": dict(config), "weights": randomise(reference.to(dtype)).state_dict()}
+
+
+def lookhere_pair(dtype: torch.dtype = torch.float64, **kwargs) -> tuple[torch.nn.Module, torch.nn.Module]:
+    release = lookhere_release(dtype)
+    reference = LookHereReference.from_release(release).eval()
+    model = timm.create_model("vit_b16_lookhere.lh90_in1k", **{**LOOKHERE_SMALL, **kwargs}).to(dtype).eval()
+    model.load_state_dict(convert_state_dict(release, model)[0])
+    return reference, model
+
+
+def test_lookhere_release_converts_to_equal_logits():
+    """Head order, bias rounding, eps 1e-5 and the pre-logits head converted: equal logits at the training size and,
+    since the bias is rebuilt per grid, at a larger non-square one (extrapolation)."""
+    reference, model = lookhere_pair()
+    assert max_diff(reference, model) <= 1e-10
+    x = torch.randn(2, 3, 96, 80, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    with torch.no_grad():
+        assert float((reference(x) - model(x)).abs().max()) <= 1e-10
+    assert max_diff(*lookhere_pair(torch.float32), torch.float32) <= 1e-4
+
+
+def test_lookhere_negative_controls_fail():
+    reference, model = lookhere_pair()
+    unpermuted = timm.create_model("vit_b16_lookhere.lh90_in1k", **LOOKHERE_SMALL).double().eval()
+    backbone = {k.replace("head.fc1.", "pre_logits.fc.").replace("head.fc2.", "head."): v
+                for k, v in lookhere_release()["weights"].items()}
+    unpermuted.load_state_dict({**unpermuted.state_dict(), **backbone})
+    assert max_diff(reference, unpermuted) > 1e-2  # heads left in the release's corner order
+    _, wrong_eps = lookhere_pair(norm_eps=1e-6)
+    assert max_diff(reference, wrong_eps) > 1e-8
+    _, unrounded = lookhere_pair(position_encoding_kwargs={})
+    assert max_diff(reference, unrounded) > 1e-8  # small (one bfloat16 step of the bias) but far above 1e-10
+    with pytest.raises(ValueError, match="global slope 3"):
+        convert_state_dict(lookhere_release(config=dict(LH90, global_slope=3)), model)
+    with pytest.raises(ValueError, match="without its configuration"):
+        convert_state_dict(lookhere_release()["weights"], model)
+
+
+PUSH_LOOKHERE = """
+import json, sys, torch, timm, pape_hub
+from huggingface_hub import HfApi
+sys.path.insert(0, "tests")
+from test_pretrained import LOOKHERE_SMALL, lookhere_release
+from pape_hub.models.lookhere_reference import LookHereReference
+from transformers import AutoModelForImageClassification
+from pape_hub.cli import main
+release = lookhere_release(torch.float32)
+torch.save(release, "{tmp}/LH_90_weights_and_config.pth")
+api = HfApi()
+api.create_repo("antofuller/LookHere")  # the release's own repo and file name
+api.upload_file(path_or_fileobj="{tmp}/LH_90_weights_and_config.pth", path_in_repo="LH_90_weights_and_config.pth",
+                repo_id="antofuller/LookHere")
+x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+with torch.no_grad():
+    want = LookHereReference.from_release(release).eval()(x)
+def diff(model):
+    with torch.no_grad():
+        got = model(x)
+    return float((getattr(got, "logits", got) - want).abs().max())
+classes = dict(num_classes=5)  # the small release's head: kept, not dropped
+named = timm.create_model("vit_b16_lookhere.lh90_in1k", pretrained=True, **LOOKHERE_SMALL,
+                          pretrained_cfg_overlay=classes).eval()
+args = [f"--set={k}={json.dumps(v)}" for k, v in LOOKHERE_SMALL.items()]
+assert main(["convert", "vit_b16_lookhere.lh90_in1k", "{tmp}/lh90", *args]) == 0
+hf = AutoModelForImageClassification.from_pretrained("{tmp}/lh90").eval()
+local = timm.create_model("local-dir:{tmp}/lh90", pretrained=True).eval()
+# seeding PaPE from the release: the backbone is copied, the pre-logits head left out
+pape = timm.create_model("vit_b16_pape", pretrained=True, **dict(LOOKHERE_SMALL, representation_size=None),
+                         init_values=1e-4, norm_eps=1e-5, pretrained_cfg_overlay=dict(classes,
+                         hf_hub_id="antofuller/LookHere", hf_hub_filename="LH_90_weights_and_config.pth"))
+same = torch.equal(pape.blocks[1].attn.qkv.weight, release["weights"]["blocks.1.attn.qkv.weight"])
+print("RESULT", json.dumps([diff(named), diff(hf), diff(local), same]))
+"""
+
+
+def test_lookhere_release_loads_from_the_hub_through_every_user_path(hub, tmp_path):  # noqa: F811 - the fixture
+    done = client(hub, tmp_path, PUSH_LOOKHERE.replace("{tmp}", str(tmp_path)))
+    assert "RESULT" in done.stdout, done.stderr[-3000:]
+    *diffs, same = json.loads(done.stdout.split("RESULT", 1)[1])
+    assert max(diffs) <= 1e-4 and same, diffs
+    card = (tmp_path / "lh90" / "README.md").read_text()
+    assert "antofuller/LookHere" in card and "LH_90_weights_and_config.pth" in card
+    assert "re-implementation of the official LookHere forward" in card
+    config = json.loads((tmp_path / "lh90" / "config.json").read_text())
+    assert config["representation_size"] == 384 and config["layer_norm_eps"] == 1e-5
+    assert config["pretrained_cfg"]["crop_pct"] == 0.875
 
 
 def test_every_entry_builds_at_full_size_and_one_converts_exactly():

@@ -1,7 +1,8 @@
 """``pape-hub convert``: a public checkpoint (``pape_hub.list_pretrained()``) as a pape_hub checkpoint folder that
 both faces load, with its model card. The source's own files are downloaded (``HF_ENDPOINT`` honoured), converted
 exactly as ``timm.create_model(NAME, pretrained=True)`` does, checked against the source built by its own timm code
-(the largest logit difference, float32 and float64, goes into the card), and saved.
+(a release timm does not list, LookHere's: by an independent re-implementation of its forward) - the largest logit
+difference, float32 and float64, goes into the card - and saved.
 
 Examples:
     pape-hub convert vit_b16_rope_mixed.naver_in1k checkpoints/vit_b16_rope_mixed_naver
@@ -56,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
                               **kwargs).eval()
     check = None if args.no_verify else compare_with_source(model, args.source, **kwargs)
     cfg = model.pretrained_cfg
-    converted_from = dict(timm_name=SOURCES[args.source].timm_name, hf_hub_id=cfg["hf_hub_id"],
+    converted_from = dict(timm_name=SOURCES[args.source].timm_name, file=cfg.get("hf_hub_filename"),
+                          hf_hub_id=cfg["hf_hub_id"],
                           license=cfg.get("license"), paper=cfg.get("paper_name"), entry=args.source, check=check)
     # the source's mean, std, crop and interpolation travel in the model's pretrained cfg, which the save writes
     out = save_checkpoint(model, Path(args.output), label_names=label_names(model.num_classes),

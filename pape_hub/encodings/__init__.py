@@ -9,6 +9,7 @@ from .base import EncodingContext, PositionEncoding, TokenPositions, grid_positi
 from .catalog import (
     ALiBi,
     AxialRoPE,
+    DINOv3RoPE,
     LearnedAbsolute,
     LieRE,
     LookHere,
@@ -26,7 +27,7 @@ from .catalog import (
 )
 
 __all__ = [
-    "ALiBi", "AxialRoPE", "EncodingContext", "LearnedAbsolute", "LieRE", "LookHere", "NoPosition", "PaPE", "PaPERI",
-    "PolarRoPE", "PositionEncoding", "RoPEMixed", "SaPE2", "SinCos", "TokenPositions", "create_encoding",
-    "encoding_class", "grid_positions", "list_encodings", "register_encoding",
+    "ALiBi", "AxialRoPE", "DINOv3RoPE", "EncodingContext", "LearnedAbsolute", "LieRE", "LookHere", "NoPosition",
+    "PaPE", "PaPERI", "PolarRoPE", "PositionEncoding", "RoPEMixed", "SaPE2", "SinCos", "TokenPositions",
+    "create_encoding", "encoding_class", "grid_positions", "list_encodings", "register_encoding",
 ]

@@ -149,6 +149,11 @@ class LookHere(PositionEncoding):
     linspace(1.5, 0.5, depth), heads ``corners-triangles-none`` (see :func:`split_heads`). Head slopes follow
     the reference code, per direction group (:func:`head_slope`): at 12 heads the corner and triangle heads all
     get 0.5 and the ``none`` heads 1/4 ... 1/256. Distance is Euclidean. CLS row/column zero. Images only.
+
+    ``bias_rounding="bfloat16"`` reproduces the reference code's numerics, which the released LookHere weights were
+    trained with: each layer's bias is computed in float64 and rounded to bfloat16 (through float32, as torch
+    converts), then used in the activations' dtype. Off by default: the rounding moves a bias by up to 2^-9 of its
+    value.
     """
 
     mechanisms = ("bias",)
@@ -162,8 +167,12 @@ class LookHere(PositionEncoding):
         head_directions: str = "corners-triangles-none",
         global_slope: float = 2.0,
         layer_slopes: tuple[float, float] = (1.5, 0.5),
+        bias_rounding: str | None = None,
     ) -> None:
         super().__init__(ctx)
+        if bias_rounding not in (None, "bfloat16"):
+            raise ValueError(f"lookhere bias_rounding must be None or 'bfloat16', got {bias_rounding!r}")
+        self.bias_rounding, self.head_directions = bias_rounding, head_directions
         self.heads = assign_head_views(head_directions, ctx.num_heads)
         self.views = [view for view, _ in self.heads]
         self.global_slope, self.layer_slope_range = global_slope, tuple(layer_slopes)
@@ -181,12 +190,23 @@ class LookHere(PositionEncoding):
         c = coords.to(compute_dtype(coords))
         dx = c[None, :, 0] - c[:, None, 0]  # (N, N): key x - query x
         dy = c[None, :, 1] - c[:, None, 1]
-        bias = -self.head_slopes.to(c.dtype)[:, None, None] * pairwise_distance(c)
+        slopes = self.head_slopes.to(c.dtype) if not self.bias_rounding else torch.tensor(  # float64, unrounded
+            [self.global_slope * head_slope(v, i) for v, i in self.heads], dtype=c.dtype, device=c.device)
+        bias = -slopes[:, None, None] * pairwise_distance(c)
         visible = torch.stack([_VIEWS[v](dx, dy) for v in self.views])
         return bias.masked_fill(~visible, float("-inf"))
 
     def prepare(self, pos: TokenPositions) -> torch.Tensor:
-        return self.cached(pos.cache_key(), lambda: pad_prefix_bias(self.base_bias(pos.coords), pos.num_prefix_tokens))
+        coords = pos.coords.double() if self.bias_rounding else pos.coords  # rounding: from float64, as the reference
+        return self.cached(pos.cache_key(), lambda: pad_prefix_bias(self.base_bias(coords), pos.num_prefix_tokens))
 
     def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor:
-        return state * self.layer_slopes[layer]
+        if not self.bias_rounding:
+            return state * self.layer_slopes[layer]
+        # the layer's bias in float64 (its slope as numpy's linspace computes it, not the float32 buffer), then
+        # float64 -> float32 -> bfloat16 as torch converts, then the dtype attention runs in
+        start, stop = self.layer_slope_range
+        last = self.ctx.depth - 1
+        slope = start + layer * ((stop - start) / last) if 0 < layer < last else (stop if layer else start)
+        rounded = (state * slope).to(torch.float32).to(torch.bfloat16)
+        return rounded.to(compute_dtype(q))

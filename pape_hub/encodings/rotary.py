@@ -24,7 +24,7 @@ from .absolute import AddsLearnedTable
 from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype, full_precision
 from .registry import register_encoding
 
-__all__ = ["AxialRoPE", "PolarRoPE", "RoPEMixed", "RotaryEncoding", "rotate_pairs", "rotation_tables"]
+__all__ = ["AxialRoPE", "DINOv3RoPE", "PolarRoPE", "RoPEMixed", "RotaryEncoding", "rotate_pairs", "rotation_tables"]
 
 
 def rotation_tables(phases: torch.Tensor, num_prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,9 +108,39 @@ class AxialRoPE(RotaryEncoding):
         self.freqs.copy_(axial_frequencies(self.ctx.head_dim, self.ctx.ndim, self.theta))
 
     def phases(self, pos: TokenPositions) -> torch.Tensor:
-        ang = (pos.coords[:, :, None] * self.freqs.to(pos.coords.dtype)).flatten(1)  # (N, p * F): x freqs, then y, (t)
+        return self.axial_phases(pos.coords)
+
+    def axial_phases(self, coords: torch.Tensor) -> torch.Tensor:
+        """(N, p) coordinates -> (1, 1, N, hd/2): each axis's coordinate times its frequencies."""
+        ang = (coords[:, :, None] * self.freqs.to(coords.dtype)).flatten(1)  # (N, p * F): x freqs, then y, (t)
         ang = nn.functional.pad(ang, (0, self.ctx.head_dim // 2 - ang.shape[-1]))
         return ang[None, None]  # (1, 1, N, hd/2)
+
+
+@register_encoding("rope_dinov3")
+class DINOv3RoPE(AxialRoPE):
+    """Axial RoPE with DINOv3's image-relative coordinates (Simeoni et al. 2025; timm's ``RotaryEmbeddingDinoV3``).
+
+    The frequencies are :class:`AxialRoPE`'s (DINOv3's period 100^(4k/head_dim) is frequency 1/theta^(4k/hd)); the
+    coordinate differs: patch index i of an axis with n patches becomes c = 2 (i + 0.5) / n - 1, the patch centre
+    in [-1, 1], and the angle is 2 pi c / period. Every resolution spans the same range, so a larger grid is
+    interpolated by construction (``position_interpolation`` changes nothing). Prefix tokens (CLS, registers) are not
+    rotated. DINOv3 pairs channels rotate-half with y first, this package interleaved with x first; the two differ by
+    a fixed permutation of the q/k channels, which the checkpoint converter applies
+    (:func:`pape_hub.models.pretrained.dinov3_qk_order`). DINOv3's training-time coordinate augmentations (shift,
+    jitter, rescale) are not implemented.
+    """
+
+    paper = "DINOv3 RoPE (Simeoni et al. 2025)"
+    supported_ndims = (2,)
+
+    def phases(self, pos: TokenPositions) -> torch.Tensor:
+        if pos.grid_size is None:
+            raise ValueError("rope_dinov3 normalises positions by the grid, so it needs grid positions")
+        dtype = compute_dtype(pos.coords)
+        index = pos.coords.to(dtype) / pos.axis_scale.to(dtype)  # patch indices, whatever the interpolation
+        sizes = torch.tensor(pos.grid_size[::-1], dtype=dtype, device=index.device)  # (W, H): coordinate order
+        return self.axial_phases(2 * math.pi * (2 * (index + 0.5) / sizes - 1))
 
 
 def random_orthonormal_directions(depth: int, heads: int, p: int) -> torch.Tensor:

@@ -20,10 +20,13 @@ class PapeViTConfig(PreTrainedConfig):
     position_encoding (`str`): a name from ``pape_hub.list_encodings()`` (e.g. ``"pape"``, ``"rope_mixed"``).
     position_encoding_kwargs (`dict`, *optional*): arguments of that encoding (e.g. ``{"num_parabolas": 8}``).
     position_interpolation (`bool`): scale positions by train grid / test grid at other resolutions.
+    num_register_tokens (`int`): learned register tokens after CLS (DINOv3: 4), unpositioned like CLS.
     use_class_token (`bool`) and pooling (`"token"` or `"avg"`): how the image is summarised for the head.
     use_fc_norm (`bool`, *optional*): norm after pooling instead of before it (default: with average pooling).
     layer_norm_eps (`float`): every LayerNorm's epsilon (1e-6 as timm's ViT; 1e-5 for ``nn.LayerNorm`` sources).
     layerscale_value (`float`, *optional*): LayerScale's initial gain (DeiT-III, Eva); None: no LayerScale.
+    representation_size (`int`, *optional*): width of a pre-logits layer (``Linear -> tanh``) before the classifier,
+        as the original ViT and LookHere's releases have; None: none.
     timm_architecture (`str`, *optional*): the registered timm name this configuration was made from.
     image_mean, image_std: the normalisation the model was trained with (for the image processor and timm), per
         channel or one number for all.
@@ -48,9 +51,11 @@ class PapeViTConfig(PreTrainedConfig):
     qkv_bias: bool = True
     qk_norm: bool = False
     use_class_token: bool = True
+    num_register_tokens: int = 0
     pooling: str = "token"
     use_fc_norm: bool | None = None
     layerscale_value: float | None = None
+    representation_size: int | None = None
     position_encoding: str = "ape"
     position_encoding_kwargs: dict[str, Any] | None = None
     position_interpolation: bool = False
@@ -81,7 +86,8 @@ class PapeViTConfig(PreTrainedConfig):
         ("position_encoding_kwargs", "position_encoding_kwargs"), ("position_interpolation", "position_interpolation"),
         ("hidden_dropout_prob", "proj_drop_rate"), ("attention_probs_dropout_prob", "attn_drop_rate"),
         ("drop_path_rate", "drop_path_rate"), ("use_fc_norm", "fc_norm"), ("layerscale_value", "init_values"),
-        ("layer_norm_eps", "norm_eps"),
+        ("layer_norm_eps", "norm_eps"), ("representation_size", "representation_size"),
+        ("num_register_tokens", "reg_tokens"),
     )
 
     def core_kwargs(self, num_classes: int) -> dict[str, Any]:

@@ -35,18 +35,36 @@ from torch import nn
 
 from ..encodings.absolute import resample_table
 
-__all__ = ["SOURCES", "Conversion", "Source", "convert_state_dict", "source_cfg", "transplant"]
+__all__ = ["SOURCES", "Conversion", "Source", "build_source", "convert_state_dict", "source_cfg", "transplant"]
 
 _logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Source:
-    """One public checkpoint: timm's ``name.tag`` of it and what the pape_hub model needs to be exactly it."""
+    """One public checkpoint: timm's ``name.tag`` of it, or the pretrained-cfg fields of a release timm does not list,
+    and what the pape_hub model needs to be exactly it."""
 
-    timm_name: str  # e.g. "deit3_small_patch16_224.fb_in1k"; its hf_hub_id is timm's Hub copy
+    timm_name: str | None  # e.g. "deit3_small_patch16_224.fb_in1k"; its hf_hub_id is timm's Hub copy
     model_args: dict[str, Any] = field(default_factory=dict)  # extra constructor arguments (LayerScale, classes)
     paper: str = ""
+    release_cfg: dict[str, Any] = field(default_factory=dict)  # without a timm name: where the file is, its data cfg
+
+    @property
+    def label(self) -> str:
+        """How the source is named: timm's name, or the release's repo and file."""
+        return self.timm_name or f"{self.release_cfg['hf_hub_id']}/{self.release_cfg['hf_hub_filename']}"
+
+
+#: LookHere's ViT-B/16 LH-90 release (GreenCUBIC/lookhere): the official .pth of weights and config. Its evaluation
+#: transform (the repo's data_prep.py): resize the short side to 256 (torchvision's bilinear, antialiased), centre
+#: crop 224, ImageNet mean/std. The code is MIT-licensed; the weights' own terms are on their Hub repo.
+LOOKHERE_LH90 = dict(
+    hf_hub_id="antofuller/LookHere", hf_hub_filename="LH_90_weights_and_config.pth", input_size=(3, 224, 224),
+    interpolation="bilinear", crop_pct=0.875, crop_mode="center", mean=(0.485, 0.456, 0.406),
+    std=(0.229, 0.224, 0.225), num_classes=1000, origin_url="https://github.com/GreenCUBIC/lookhere",
+    paper_ids="arXiv:2405.13985",
+)
 
 
 _TIMM_SIZES = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
@@ -83,6 +101,17 @@ def _sources() -> dict[str, Source]:
         for encoding in ("rope", "rope_mixed", "rope_ape", "rope_mixed_ape"):
             add(size, encoding, "naver_in1k", f"vit_{timm_size}_patch16_{encoding}_224.naver_in1k",
                 "Rotary Position Embedding for Vision Transformer (Heo et al. 2024)", init_values=1e-5)
+        # DINOv3's GELU sizes (timm's Eva; S+/H+/7B use SwiGLU): CLS + 4 registers, LayerScale, eps 1e-5, no qkv
+        # bias, timm's average pooling over the patches (DINOv3's own features are the CLS token: global_pool="token")
+        add(size, "rope_dinov3", "lvd1689m", f"vit_{timm_size}_patch16_dinov3.lvd1689m",
+            "DINOv3 (Simeoni et al. 2025)", reg_tokens=4, init_values=1e-5, norm_eps=1e-5, qkv_bias=False,
+            global_pool="avg", fc_norm=False, img_size=256)
+    # the release's pre-logits head (Linear(768, 3072) -> tanh), nn.LayerNorm's eps and its bias rounding
+    rows["vit_b16_lookhere.lh90_in1k"] = Source(None, dict(
+        num_classes=1000, init_values=1e-4, norm_eps=1e-5, representation_size=3072,
+        position_encoding_kwargs=dict(bias_rounding="bfloat16")),
+        "LookHere: Vision Transformers with Directed Attention Generalize and Extrapolate (Fuller et al. 2024), LH-90",
+        LOOKHERE_LH90)
     return rows
 
 
@@ -94,6 +123,9 @@ def source_cfg(name_with_tag: str) -> dict[str, Any]:
     """The pretrained-cfg fields of a converted entry, from the source's own cfg in timm's registry: where its
     weights are (timm's Hub copy) and how its inputs were prepared (mean, std, crop, interpolation) and licensed."""
     source = SOURCES[name_with_tag]
+    if source.timm_name is None:
+        return dict(source.release_cfg, paper_name=source.paper,
+                    notes=(f"converted on the fly from {source.label} (the release's own file)",))
     cfg = _timm_cfg(source.timm_name).to_dict()
     keep = ("hf_hub_id", "input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std", "num_classes",
             "license", "origin_url", "paper_ids")
@@ -128,13 +160,15 @@ class Conversion:
 
 
 def detect_layout(state: dict[str, torch.Tensor], model: nn.Module) -> str:
-    """``"pape_hub"`` (this package's keys, also the transformers face's ``vit.``-prefixed ones), ``"timm_eva"``
-    or ``"timm_vit"``, by sentinel keys."""
+    """``"pape_hub"`` (this package's keys, also the transformers face's ``vit.``-prefixed ones), ``"timm_eva"``,
+    ``"lookhere"`` (the official release: a pre-logits MLP head) or ``"timm_vit"``, by sentinel keys."""
     own = set(model.state_dict())
     if {k.removeprefix("vit.") for k in state} <= own | {"head.weight", "head.bias"}:
         return "pape_hub"
     if "blocks.0.gamma_1" in state or "rope.freqs" in state:
         return "timm_eva"
+    if "head.fc1.weight" in state and "blocks.0.ls1.gamma" in state:
+        return "lookhere"
     if "blocks.0.attn.qkv.weight" in state and "patch_embed.proj.weight" in state:
         return "timm_vit"
     raise ValueError("unrecognised checkpoint layout: neither pape_hub's keys nor a timm ViT / Eva state dict "
@@ -155,6 +189,8 @@ def _split(state: dict[str, torch.Tensor], layout: str) -> tuple[dict[str, torch
             continue  # fixed sin/cos buffers: the encoding recomputes them
         elif layout == "timm_eva":
             backbone[key.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma")] = value
+        elif layout == "lookhere" and key.startswith("head."):  # fc1 -> tanh -> fc2: pre-logits, then classifier
+            backbone[key.replace("head.fc1.", "pre_logits.fc.").replace("head.fc2.", "head.")] = value
         else:
             backbone[key] = value
     return backbone, positional
@@ -230,9 +266,144 @@ def files_overlay(model_kwargs: dict[str, Any]) -> dict[str, Any] | None:
     return {"num_classes": model_kwargs["num_classes"]} if "num_classes" in model_kwargs else None
 
 
-def convert_state_dict(state: dict[str, torch.Tensor], model: nn.Module) -> tuple[dict[str, Any], Conversion]:
+def unwrap(file: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """A file's state dict and the configuration it carries: timm and DeiT files may hold ``{"model": ...}``,
+    LookHere's release ``{"config": ..., "weights": ...}``."""
+    if isinstance(file.get("weights"), dict) and isinstance(file.get("config"), dict):
+        return file["weights"], file["config"]
+    return (file["model"] if isinstance(file.get("model"), dict) else file), None
+
+
+# --- LookHere's release ---------------------------------------------------------------------------------------
+
+#: the release's head directions (``lookhere_reference.official_heads``) -> this package's view names
+_LOOKHERE_VIEWS = {
+    ("up", "left"): "top_left", ("up", "right"): "top_right", ("down", "left"): "bottom_left",
+    ("down", "right"): "bottom_right", ("tri_up",): "up", ("tri_down",): "down", ("tri_left",): "left",
+    ("tri_right",): "right", ("up",): "up_half", ("down",): "down_half", ("left",): "left_half",
+    ("right",): "right_half", (): "none",
+}
+
+
+def lookhere_head_order(config: dict[str, Any], encoding: nn.Module) -> list[int]:
+    """For each head of the model's LookHere encoding, the release's head with the same view and slope. The release
+    orders corner heads top-left, top-right, bottom-left, bottom-right; this package top-left, bottom-right,
+    top-right, bottom-left (opposite views first, so that two heads still look both ways)."""
+    from .lookhere_reference import official_heads
+
+    mismatched = [f"{name} {config.get(key)!r} (the model's {ours!r})" for name, key, ours in (
+        ("head directions", "head_directions", encoding.head_directions),
+        ("global slope", "global_slope", encoding.global_slope),
+        ("layer slopes", "layer_slopes", list(encoding.layer_slope_range)))
+        if (list(config.get(key)) if key == "layer_slopes" else config.get(key)) != ours]
+    if mismatched:
+        raise ValueError("the LookHere checkpoint's configuration differs from the model's encoding: "
+                         + "; ".join(mismatched) + " - build the model with position_encoding_kwargs to match")
+    theirs = [(_LOOKHERE_VIEWS[directions], encoding.global_slope * slope)
+              for directions, slope in official_heads(config["head_directions"], encoding.ctx.num_heads)]
+    order = []
+    for view, slope in zip(encoding.views, encoding.head_slopes.tolist()):
+        match = next((i for i, (v, s) in enumerate(theirs) if v == view and math.isclose(s, slope)
+                      and i not in order), None)
+        if match is None:
+            raise ValueError(f"the model's LookHere head ({view}, slope {slope}) has no match in the checkpoint's "
+                             f"{config['head_directions']!r} heads")
+        order.append(match)
+    return order
+
+
+def permute_heads(state: dict[str, torch.Tensor], order: list[int], depth: int) -> dict[str, torch.Tensor]:
+    """Reorder the attention heads of every block: head h of the result is head ``order[h]`` of ``state``. The
+    heads' q, k and v rows of ``qkv`` and their input columns of ``proj`` move together, so the function computed
+    is the same with the heads renumbered."""
+    out = dict(state)
+    heads = len(order)
+    for i in range(depth):
+        qkv, proj = f"blocks.{i}.attn.qkv", f"blocks.{i}.attn.proj.weight"
+        weight = out[f"{qkv}.weight"]  # (3 * H * hd, D): rows ordered (q/k/v, head, channel)
+        out[f"{qkv}.weight"] = weight.reshape(3, heads, -1, weight.shape[-1])[:, order].reshape(weight.shape)
+        if f"{qkv}.bias" in out:
+            bias = out[f"{qkv}.bias"]
+            out[f"{qkv}.bias"] = bias.reshape(3, heads, -1)[:, order].reshape(bias.shape)
+        columns = out[proj]  # (D, H * hd): columns ordered (head, channel)
+        out[proj] = columns.reshape(columns.shape[0], heads, -1)[:, order].reshape(columns.shape)
+    return out
+
+
+def dinov3_qk_order(head_dim: int) -> list[int]:
+    """For each q/k channel of this package's RoPE layout, DINOv3's channel. Ours: interleaved pairs (2j, 2j + 1),
+    x frequencies first; DINOv3's: rotate-half pairs (i, i + hd/2), y frequencies first. Pair j of ours is DINOv3's
+    pair i = j + hd/4 (x) or j - hd/4 (y)."""
+    quarter, half = head_dim // 4, head_dim // 2
+    order = []
+    for j in range(half):
+        i = j + quarter if j < quarter else j - quarter
+        order += [i, i + half]
+    return order
+
+
+def permute_qk_channels(state: dict[str, torch.Tensor], order: list[int], num_heads: int, depth: int
+                        ) -> dict[str, torch.Tensor]:
+    """Reorder the channels of every head's queries and keys (the same order for both, so q . k is unchanged);
+    values stay."""
+    out = dict(state)
+    for i in range(depth):
+        for name in (f"blocks.{i}.attn.qkv.weight", f"blocks.{i}.attn.qkv.bias"):
+            if name in out:
+                t = out[name].reshape(3, num_heads, len(order), *out[name].shape[1:])  # (q/k/v, head, channel, ...)
+                out[name] = torch.cat([t[:2, :, order], t[2:]]).reshape(out[name].shape)
+    return out
+
+
+def _zero_qkv_biases(out: dict[str, torch.Tensor], model: nn.Module, report: Conversion) -> None:
+    """A source without qkv biases (DINOv3) into a model with them: zero biases compute the same."""
+    own = model.state_dict()
+    missing = [k for k in own if k.endswith("attn.qkv.bias") and k not in out and k[:-4] + "weight" in out]
+    for key in missing:
+        out[key] = torch.zeros(own[key].shape, dtype=out[key[:-4] + "weight"].dtype)
+    if missing:
+        report.converted.append(f"{len(missing)} qkv biases set to zero (the source has none)")
+
+
+def _registers(out: dict[str, torch.Tensor], model: nn.Module, report: Conversion) -> None:
+    """Register tokens: left out for a model without them; the model's own for a source without them."""
+    own = model.state_dict()
+    if "reg_token" in out and "reg_token" not in own:
+        out.pop("reg_token")
+        report.dropped.append("reg_token (register tokens; the model has none)")
+    elif "reg_token" in own and "reg_token" not in out:
+        value = own["reg_token"]
+        if value.is_meta:  # built on the meta device: a real tensor by the model's rule, N(0, 1e-6) as CLS
+            value = torch.empty(value.shape, dtype=value.dtype).normal_(std=1e-6)
+        out["reg_token"] = value
+        report.own_init.append("reg_token")
+
+
+def _lookhere_release(out: dict[str, torch.Tensor], config: dict[str, Any] | None, model: nn.Module,
+                      report: Conversion) -> dict[str, torch.Tensor]:
+    """The release into a LookHere model: heads into this package's order, after checking that the file's
+    configuration is the model's. Into a model without a pre-logits layer: the head is left out."""
+    if getattr(model.pos_encoding, "name", "").startswith("lookhere"):
+        if config is None:
+            raise ValueError("a LookHere state dict without its configuration: load the release file itself "
+                             "({'config': ..., 'weights': ...}), whose config fixes the heads' order")
+        order = lookhere_head_order(config, model.pos_encoding)
+        if order != sorted(order):
+            out = permute_heads(out, order, len(model.blocks))
+            report.converted.append(f"attention heads reordered {order} (the release's corner order)")
+    own = model.state_dict()
+    if "pre_logits.fc.weight" not in own:
+        for key in [k for k in out if k.startswith(("pre_logits.", "head."))]:
+            out.pop(key)
+            report.dropped.append(f"{key} (the release's pre-logits head; the model has none)")
+        out.update({k: v for k, v in own.items() if k.startswith("head.") and not v.is_meta})
+        report.own_init += [k for k in own if k.startswith("head.")]
+    return out
+
+
+def convert_state_dict(state: dict[str, Any], model: nn.Module) -> tuple[dict[str, Any], Conversion]:
     """A checkpoint of any known layout -> the model's keys, and what was done."""
-    state = state.get("model", state) if isinstance(state.get("model"), dict) else state
+    state, file_config = unwrap(state)
     layout = detect_layout(state, model)
     if layout == "pape_hub":
         out = {k.removeprefix("vit."): v for k, v in state.items()}
@@ -250,6 +421,16 @@ def convert_state_dict(state: dict[str, torch.Tensor], model: nn.Module) -> tupl
     _add_own_positions(out, model, report)
     if layout == "timm_eva":
         report.converted.append("blocks.*.gamma_1/2 -> blocks.*.ls1/2.gamma")
+    # DINOv3 (the Eva with registers) into DINOv3's RoPE: q/k channels from its rotate-half, y-first layout to ours
+    if layout == "timm_eva" and "reg_token" in state and model.pos_encoding.name == "rope_dinov3":
+        ctx = model.pos_encoding.ctx
+        out = permute_qk_channels(out, dinov3_qk_order(ctx.head_dim), ctx.num_heads, ctx.depth)
+        report.converted.append("q/k channels from DINOv3's rotate-half, y-first layout to interleaved, x-first")
+    _registers(out, model, report)
+    _zero_qkv_biases(out, model, report)
+    if layout == "lookhere":
+        report.converted.append("head.fc1 -> pre_logits.fc, head.fc2 -> head")
+        out = _lookhere_release(out, file_config, model, report)
     return out, report
 
 
@@ -275,6 +456,7 @@ def transplant(source: dict[str, torch.Tensor] | nn.Module, target: nn.Module) -
         backbone = {k: v for k, v in state.items() if not k.startswith("pos_encoding.")}
         report = Conversion("pape_hub", copied=sorted(backbone), dropped=sorted(set(state) - set(backbone)))
         out = fold_layer_scale(backbone, target, report)
+        _registers(out, target, report)
         _add_own_positions(out, target, report)
     own = target.state_dict()
     head = {k: v for k, v in out.items() if k.startswith("head.")}
@@ -294,22 +476,40 @@ def transplant(source: dict[str, torch.Tensor] | nn.Module, target: nn.Module) -
     return report
 
 
-@torch.no_grad()
-def compare_with_source(model: nn.Module, name_with_tag: str, **model_kwargs: Any) -> dict[str, Any]:
-    """Build the source of a converted entry with its own timm code from the same (cached) files, and measure the
-    largest logit difference to ``model`` on a fixed random batch at the model's size, in float32 and in float64.
-    ``model_kwargs``: the size arguments both were built with (none for the published sizes)."""
+def build_source(name_with_tag: str, model: nn.Module, **model_kwargs: Any) -> tuple[nn.Module, str]:
+    """The source of a converted entry built from the same (cached) files by its own code - timm's - or, for a
+    release timm does not list, by :mod:`~pape_hub.models.lookhere_reference`; and who built it, in words.
+    ``model_kwargs``: the size arguments the model was built with (none for the published sizes)."""
+    source = SOURCES[name_with_tag]
+    if source.timm_name is None:
+        from huggingface_hub import hf_hub_download
+
+        from .lookhere_reference import LookHereReference
+
+        path = hf_hub_download(source.release_cfg["hf_hub_id"], source.release_cfg["hf_hub_filename"])
+        release = torch.load(path, map_location="cpu", weights_only=True)
+        return (LookHereReference.from_release(release, num_heads=model.pos_encoding.ctx.num_heads),
+                "pape_hub's independent re-implementation of the official LookHere forward "
+                "(`pape_hub.models.lookhere_reference`, not the encoding the model uses)")
     import timm
 
-    source_name = SOURCES[name_with_tag].timm_name
     kwargs = {k: v for k, v in model_kwargs.items() if k in ("embed_dim", "depth", "num_heads", "img_size",
                                                              "num_classes", "mlp_ratio")}
-    source = timm.create_model(source_name, pretrained=True, pretrained_cfg_overlay=files_overlay(kwargs),
-                               **kwargs).eval()
+    built = timm.create_model(source.timm_name, pretrained=True, pretrained_cfg_overlay=files_overlay(kwargs),
+                              **kwargs)
+    return built, f"timm's own `{source.timm_name}` code"
+
+
+@torch.no_grad()
+def compare_with_source(model: nn.Module, name_with_tag: str, **model_kwargs: Any) -> dict[str, Any]:
+    """Build the source of a converted entry (:func:`build_source`) and measure the largest logit difference to
+    ``model`` on a fixed random batch at the model's size, in float32 and in float64."""
+    source, built_by = build_source(name_with_tag, model, **model_kwargs)
+    source.eval()
     ours = copy.deepcopy(model).eval()
     size = tuple(ours.patch_embed.img_size)
     x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(0))
-    out: dict[str, Any] = dict(source=source_name, input=[2, 3, *size])
+    out: dict[str, Any] = dict(source=SOURCES[name_with_tag].label, built_by=built_by, input=[2, 3, *size])
     for dtype in (torch.float32, torch.float64):
         a, b = source.to(dtype)(x.to(dtype)), ours.to(dtype)(x.to(dtype))
         out[f"max_abs_diff_{str(dtype).removeprefix('torch.')}"] = float((a - b).abs().max())

@@ -7,6 +7,7 @@ grid each input actually has, so any image size divisible by the patch size runs
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
@@ -35,7 +36,11 @@ class VisionTransformer(nn.Module):
         position_interpolation: scale positions by train grid / test grid at other resolutions (PaPE app. B).
 
     and, for checkpoints of other ViTs (:mod:`pape_hub.models.pretrained`): ``init_values`` (LayerScale, as timm's
-    DeiT-III and Eva) and ``norm_eps`` (the LayerNorms' epsilon; timm's ViT uses 1e-6, ``nn.LayerNorm`` 1e-5).
+    DeiT-III and Eva), ``norm_eps`` (the LayerNorms' epsilon; timm's ViT uses 1e-6, ``nn.LayerNorm`` 1e-5) and
+    ``representation_size`` (the original ViT's pre-logits layer, ``Linear(D, R) -> tanh`` before the classifier,
+    as LookHere's released models have; timm's ViT had it under the same name). ``reg_tokens``: learned register
+    tokens after CLS (Darcet et al. 2024; DINOv3 has 4); like CLS they are prefix tokens, which no encoding
+    positions and pooling skips.
     """
 
     is_video = False  # the one question callers ask instead of probing attributes
@@ -54,12 +59,14 @@ class VisionTransformer(nn.Module):
         qkv_bias: bool = True,
         qk_norm: bool = False,
         class_token: bool = True,
+        reg_tokens: int = 0,
         position_encoding: str = "ape",
         position_encoding_kwargs: dict[str, Any] | None = None,
         position_interpolation: bool = False,
         fc_norm: bool | None = None,
         init_values: float | None = None,
         norm_eps: float = 1e-6,
+        representation_size: int | None = None,
         dynamic_img_size: bool = True,
         drop_rate: float = 0.0,
         pos_drop_rate: float = 0.0,
@@ -86,8 +93,12 @@ class VisionTransformer(nn.Module):
         self.num_classes = num_classes
         self.in_chans = in_chans
         self.global_pool = global_pool
-        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
-        self.num_prefix_tokens = 1 if class_token else 0
+        self.num_features = self.embed_dim = embed_dim
+        self.head_hidden_size = representation_size or embed_dim  # what the classifier takes
+        if reg_tokens < 0:
+            raise ValueError(f"reg_tokens must be >= 0, got {reg_tokens}")
+        self.num_reg_tokens = reg_tokens
+        self.num_prefix_tokens = (1 if class_token else 0) + reg_tokens  # CLS first, then the registers
         self.has_class_token = class_token
         self.dynamic_img_size = dynamic_img_size
         self.position_interpolation = position_interpolation
@@ -99,6 +110,7 @@ class VisionTransformer(nn.Module):
             output_fmt="NHWC", strict_img_size=False,
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
         ctx = EncodingContext(embed_dim, num_heads, depth, tuple(self.patch_embed.grid_size), self.num_prefix_tokens)
         encoding_kwargs = {} if position_encoding_kwargs is None else position_encoding_kwargs
         check_encoding_kwargs(position_encoding, encoding_kwargs)  # a non-dict is refused by name, not by **
@@ -120,8 +132,10 @@ class VisionTransformer(nn.Module):
         use_fc_norm = global_pool in ("avg", "max", "avgmax") if fc_norm is None else fc_norm
         self.norm = norm_layer(embed_dim) if not use_fc_norm else nn.Identity()
         self.fc_norm = norm_layer(embed_dim) if use_fc_norm else nn.Identity()
+        self.pre_logits = nn.Sequential(OrderedDict(fc=nn.Linear(embed_dim, representation_size), act=nn.Tanh())) \
+            if representation_size else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = nn.Linear(self.head_hidden_size, num_classes) if num_classes > 0 else nn.Identity()
         self.head_bias_init = head_bias_init
         self._init_at_construction()
 
@@ -136,17 +150,19 @@ class VisionTransformer(nn.Module):
         """The constructor's init: the layers' own defaults (conv, LayerNorm, encodings), then timm's ViT init of
         the linears and tokens. Same distributions as :meth:`init_weights`; kept as its own sequence of random
         draws so that a seed gives the models it always gave."""
-        if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, std=1e-6)
+        for token in (self.cls_token, self.reg_token):
+            if token is not None:
+                nn.init.normal_(token, std=1e-6)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear) and not name.startswith("pos_encoding"):
                 init_module(module)
         self._init_head()
 
     def init_self(self) -> None:
-        """This module's own tensors: CLS ~ N(0, 1e-6), and the head rule below."""
-        if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, std=1e-6)
+        """This module's own tensors: CLS and registers ~ N(0, 1e-6), and the head rule below."""
+        for token in (self.cls_token, self.reg_token):
+            if token is not None:
+                nn.init.normal_(token, std=1e-6)
         self._init_head()
 
     def _init_head(self) -> None:
@@ -159,13 +175,13 @@ class VisionTransformer(nn.Module):
     # --- timm model interface --------------------------------------------------------------------
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        names = {"cls_token"}
+        names = {"cls_token"} | ({"reg_token"} if self.reg_token is not None else set())
         return names | {f"pos_encoding.{n}" for n in self.pos_encoding.no_weight_decay()}
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         return dict(
-            stem=r"^cls_token|^pos_encoding|^patch_embed",
+            stem=r"^cls_token|^reg_token|^pos_encoding|^patch_embed",
             blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
         )
 
@@ -193,7 +209,7 @@ class VisionTransformer(nn.Module):
                 raise ValueError(f"unsupported global_pool {global_pool!r} for this model")
             self.global_pool = global_pool
         like = self.patch_embed.proj.weight  # the new head lives where the model does, in its dtype
-        self.head = nn.Linear(self.embed_dim, num_classes, device=like.device, dtype=like.dtype) \
+        self.head = nn.Linear(self.head_hidden_size, num_classes, device=like.device, dtype=like.dtype) \
             if num_classes > 0 else nn.Identity()
         self.head.train(self.training)
 
@@ -249,8 +265,10 @@ class VisionTransformer(nn.Module):
         x = self.prepare_input(x)
         pos = input_positions(x, self.input_spec(position_interpolation))  # validates the input first
         tokens = self.patch_embed(x).flatten(1, -2)  # (B, *grid, D) -> (B, N, D), row-major
-        if self.cls_token is not None:
-            tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1)
+        prefix = [t.expand(tokens.shape[0], -1, -1).to(tokens.dtype) for t in (self.cls_token, self.reg_token)
+                  if t is not None]
+        if prefix:  # (B, P + N, D): CLS, registers, patches
+            tokens = torch.cat([*prefix, tokens], dim=1)
         if "tokens" in self.pos_encoding.mechanisms:
             tokens = encoding_add_to_tokens(self.pos_encoding, tokens, pos)
         return self.pos_drop(tokens), pos
@@ -298,7 +316,9 @@ class VisionTransformer(nn.Module):
                                num_prefix_tokens=self.num_prefix_tokens)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = self.fc_norm(self.pool(x))
+        """Pool, norm, the pre-logits layer if any, dropout, classifier; ``pre_logits=True`` stops before the
+        classifier (timm's convention)."""
+        x = self.pre_logits(self.fc_norm(self.pool(x)))
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
@@ -346,7 +366,8 @@ class VisionTransformer(nn.Module):
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:
-            self.fc_norm = nn.Identity()
+            self.fc_norm = self.pre_logits = nn.Identity()
+            self.head_hidden_size = self.embed_dim
             self.reset_classifier(0, "")
         return take_indices
 
