@@ -167,11 +167,21 @@ def render_conversion_card(config: dict[str, Any], repo_id: str | None = None) -
         f"std {cfg.get('std')}, crop {cfg.get('crop_pct')} ({cfg.get('crop_mode')}), {cfg.get('interpolation')} "
         "resize",
         *_usage(repo_id),
-        "## Accuracy",
-        "This card measures no accuracy. The source's own card reports its ImageNet results; they are the source's "
-        "figures for the source's model, which this one reproduces to the difference above.",
+        "## Accuracy", _reported_accuracy(source.get("reported")),
     ]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
+
+
+def _reported_accuracy(reported: dict[str, Any] | None) -> str:
+    """The source's own ImageNet figures where pape_hub records them, cited as the source's."""
+    text = "This card measures no accuracy. "
+    if not reported:
+        return text + ("The source's own card reports its ImageNet results; they are the source's figures for the "
+                       "source's model, which this one reproduces to the difference above.")
+    sizes = ", ".join(f"{top1:.1f}% at {size} px" for size, top1 in reported["top1_by_size"].items())
+    return text + (f"The source reports ImageNet-1k top-1 {sizes} ({reported['by']}). These are the source's figures "
+                   "for the source's model, cited, not measured here; this model reproduces it to the difference "
+                   "above.")
 
 
 def render_model_card(config: dict[str, Any], evaluation: dict[str, Any] | None = None, *,

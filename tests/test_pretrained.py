@@ -300,6 +300,7 @@ print("RESULT", json.dumps(out))
     card = (tmp_path / "vit_s16_rope_mixed.naver_in1k" / "README.md").read_text()
     assert "timm/vit_small_patch16_rope_mixed_224.naver_in1k" in card and "float64" in card
     assert "license: apache-2.0" in card and "base_model: timm/vit_small_patch16_rope_mixed_224.naver_in1k" in card
+    assert "The source reports ImageNet-1k top-1 80.9% at 224 px, 81.8% at 384 px (naver-ai/rope-vit" in card
     assert "license: cc-by-nc-4.0" in (tmp_path / "vit_b16_ape.mae" / "README.md").read_text()
 
 

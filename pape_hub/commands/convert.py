@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = model.pretrained_cfg
     converted_from = dict(timm_name=SOURCES[args.source].timm_name, file=cfg.get("hf_hub_filename"),
                           hf_hub_id=cfg["hf_hub_id"],
-                          license=cfg.get("license"), paper=cfg.get("paper_name"), entry=args.source, check=check)
+                          license=cfg.get("license"), paper=cfg.get("paper_name"), entry=args.source, check=check,
+                          reported=SOURCES[args.source].reported or None)
     # the source's mean, std, crop and interpolation travel in the model's pretrained cfg, which the save writes
     out = save_checkpoint(model, Path(args.output), label_names=label_names(model.num_classes),
                           extra=dict(converted_from=converted_from))

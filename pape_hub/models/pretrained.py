@@ -49,6 +49,7 @@ class Source:
     model_args: dict[str, Any] = field(default_factory=dict)  # extra constructor arguments (LayerScale, classes)
     paper: str = ""
     release_cfg: dict[str, Any] = field(default_factory=dict)  # without a timm name: where the file is, its data cfg
+    reported: dict[str, Any] = field(default_factory=dict)  # the source's own ImageNet figures, cited (REPORTED)
 
     @property
     def label(self) -> str:
@@ -78,6 +79,17 @@ def _timm_cfg(name_with_tag: str) -> Any:
         return None
 
 
+#: ImageNet-1k top-1 (%) the sources report for their released models, by input size: cited, never measured here.
+#: naver-ai/rope-vit's README and Heo et al. 2024 (DeiT-III recipe, 400 epochs; as summarised in
+#: ``../shared/reference_implementations.md``). The other sources' figures are on their own cards, which are not
+#: reachable from here, so they are not restated.
+REPORTED = {
+    "vit_s16_rope.naver_in1k": {224: 80.9, 384: 80.0}, "vit_s16_rope_mixed.naver_in1k": {224: 80.9, 384: 81.8},
+    "vit_b16_rope.naver_in1k": {224: 83.6, 384: 83.9}, "vit_b16_rope_mixed.naver_in1k": {224: 83.8, 384: 84.4},
+}
+_REPORTED_BY = "naver-ai/rope-vit README (Heo et al. 2024), ImageNet-1k validation top-1, trained at 224 px"
+
+
 def _sources() -> dict[str, Source]:
     """``vit_{size}16_{encoding}.{tag}`` -> source, for every source timm's registry holds. The model takes the
     source's class count (ImageNet-21k's 21843, MAE's headless encoder)."""
@@ -86,8 +98,9 @@ def _sources() -> dict[str, Source]:
     def add(size: str, encoding: str, tag: str, timm_name: str, paper: str, **model_args: Any) -> None:
         cfg = _timm_cfg(timm_name)
         if cfg is not None and cfg.hf_hub_id:
-            rows[f"vit_{size}16_{encoding}.{tag}"] = Source(timm_name, dict(model_args, num_classes=cfg.num_classes),
-                                                            paper)
+            entry = f"vit_{size}16_{encoding}.{tag}"
+            reported = dict(top1_by_size=REPORTED[entry], by=_REPORTED_BY) if entry in REPORTED else {}
+            rows[entry] = Source(timm_name, dict(model_args, num_classes=cfg.num_classes), paper, reported=reported)
 
     for size, timm_size in _TIMM_SIZES.items():
         vit, deit, deit3 = (f"{family}_{timm_size}_patch16_224" for family in ("vit", "deit", "deit3"))
