@@ -1,10 +1,11 @@
 """Model cards written with ``huggingface_hub.ModelCard`` / ``ModelCardData`` from measured results only.
 
 A card is rendered from a checkpoint's ``config.json`` (architecture, encoding, the training recipe recorded at
-training time), its evaluation JSON (``pape-hub eval`` or the main job: accuracy at each size, with and without
-position interpolation, and the patch-shuffle test), optionally the main job's aggregate over seeds and a
-benchmark JSON (``pape-hub bench``). Every number in the card is read from those files; nothing is typed. The
-YAML header carries ``model-index`` entries for every measured accuracy.
+training time) and its records (:mod:`pape_hub.records`): the :class:`Evaluation` (``pape-hub eval`` or the main job:
+accuracy at each size, with and without position interpolation, and the patch-shuffle test) and, for a checkpoint of
+a comparison, its :class:`ComparisonContext` (the aggregate over seeds and a ``pape-hub bench`` JSON). Every number
+in the card is read from those records; nothing is typed. The YAML header carries ``model-index`` entries for every
+measured accuracy.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from .records import ComparisonContext, Evaluation, read_evaluation
 
 __all__ = ["GENERATED_MARK", "PLOT_NAME", "card_from_folder", "render_model_card", "write_model_card"]
 
@@ -46,31 +49,26 @@ def _encoding_facts(config: dict[str, Any]) -> dict[str, Any]:
                 total_parameters=sum(p.numel() for p in model.parameters()), doc=(cls.__doc__ or "").strip())
 
 
-def _cell(rows: list[dict[str, Any]], size: int, interp: bool, shuffle: bool = False) -> dict[str, Any] | None:
-    hits = [r for r in rows if r["size"] == size and r["interpolation"] == interp
-            and bool(r.get("patch_shuffle")) == shuffle]
-    return hits[0] if hits else None
-
-
-def _sweep_table(evaluation: dict[str, Any], aggregate: dict[str, Any] | None, seeds: list[int] | None) -> str:
-    rows = evaluation["rows"]
-    sizes = list(dict.fromkeys(r["size"] for r in rows if not r.get("patch_shuffle")))  # the sweep's order
-    lines = [f"| {evaluation['sweep_unit']} | " + " | ".join(str(s) for s in sizes) + " |",
+def _sweep_table(evaluation: Evaluation, comparison: ComparisonContext | None) -> str:
+    sizes = evaluation.sizes()
+    lines = [f"| {evaluation.sweep_unit} | " + " | ".join(str(s) for s in sizes) + " |",
              "|---" * (len(sizes) + 1) + "|"]
     for interp in (False, True):
-        cells = [f"{c['top1']:.3f}" if (c := _cell(rows, s, interp)) else "-" for s in sizes]
+        cells = [f"{top1:.3f}" if (top1 := evaluation.accuracy(s, interp)) is not None else "-" for s in sizes]
         lines.append(f"| top-1{', position interpolation' if interp else ''} | " + " | ".join(cells) + " |")
-    shuffled = [r for r in rows if r.get("patch_shuffle")]
+    shuffled = [r for r in evaluation.rows if r.patch_shuffle]
     text = "\n".join(lines)
     if shuffled:
         text += ("\n\nPatch-shuffle test (LieRE table 5: the patches of each test image randomly permuted; a model "
-                 "that uses positions drops towards chance): " + ", ".join(f"{r['size']}: {r['top1']:.3f}"
+                 "that uses positions drops towards chance): " + ", ".join(f"{r.size}: {r.top1:.3f}"
                                                                              for r in shuffled) + ".")
-    if aggregate and seeds and len(seeds) > 1:
-        text += (f"\n\nOver training seeds {seeds} (this checkpoint is seed {evaluation.get('seed', seeds[0])}), mean "
+    seeds = comparison.seeds if comparison else []
+    if comparison and comparison.aggregate and len(seeds) > 1:
+        seed = evaluation.seed if evaluation.seed is not None else seeds[0]
+        text += (f"\n\nOver training seeds {seeds} (this checkpoint is seed {seed}), mean "
                  "± std and range:\n\n| column | mean ± std | min - max |\n|---|---|---|\n" + "\n".join(
                      f"| {label} | {c['mean']:.3f} ± {c['std']:.3f} | {c['min']:.3f} - {c['max']:.3f} |"
-                     for label, c in aggregate.items()))
+                     for label, c in comparison.aggregate.items()))
     return text
 
 
@@ -89,15 +87,15 @@ def _bench_table(bench: dict[str, Any], encoding: str) -> str | None:
                                f"interleaved rounds, commit {bench.get('provenance', {}).get('commit', '?')}.")
 
 
-def _eval_results(evaluation: dict[str, Any], name: str, dataset: tuple[str, str]) -> list[EvalResult]:
+def _eval_results(evaluation: Evaluation, name: str, dataset: tuple[str, str]) -> list[EvalResult]:
     out = []
-    for r in evaluation["rows"]:
-        kind = "patches shuffled" if r.get("patch_shuffle") else (
-            "position interpolation" if r["interpolation"] else "no interpolation")
+    for r in evaluation.rows:
+        kind = "patches shuffled" if r.patch_shuffle else (
+            "position interpolation" if r.interpolation else "no interpolation")
         out.append(EvalResult(task_type="image-classification", dataset_name=dataset[0], dataset_type=dataset[1],
-                              dataset_config=f"{evaluation['sweep_unit']} {r['size']}", dataset_split="test",
-                              metric_type="accuracy", metric_value=round(r["top1"], 4),
-                              metric_name=f"top-1 at {r['size']} ({kind})"))
+                              dataset_config=f"{evaluation.sweep_unit} {r.size}", dataset_split="test",
+                              metric_type="accuracy", metric_value=round(r.top1, 4),
+                              metric_name=f"top-1 at {r.size} ({kind})"))
     return out
 
 
@@ -184,11 +182,11 @@ def _reported_accuracy(reported: dict[str, Any] | None) -> str:
                    "above.")
 
 
-def render_model_card(config: dict[str, Any], evaluation: dict[str, Any] | None = None, *,
-                      aggregate: dict[str, Any] | None = None, seeds: list[int] | None = None,
-                      bench: dict[str, Any] | None = None, plot: str | None = None, repo_id: str | None = None
-                      ) -> ModelCard:
-    """A card for a checkpoint folder's ``config.json`` and the results measured on it."""
+def render_model_card(config: dict[str, Any], evaluation: Evaluation | None = None,
+                      comparison: ComparisonContext | None = None, *, plot: str | None = None,
+                      repo_id: str | None = None) -> ModelCard:
+    """A card for a checkpoint folder's ``config.json`` and the records measured on it: its evaluation and, for a
+    checkpoint of a comparison, where it stands among the seeds (and the encodings' speed)."""
     if "converted_from" in config.get("pape_hub", {}):
         return render_conversion_card(config, repo_id)
     encoding, architecture = config["position_encoding"], config["architecture"]
@@ -230,24 +228,24 @@ def render_model_card(config: dict[str, Any], evaluation: dict[str, Any] | None 
             f"{meta['val_top1']:.3f}" if "val_top1" in meta else "- validation: not recorded",
         ]),
     ]
-    sections += _evaluation_sections(evaluation, aggregate, seeds, plot)
-    bench_text = _bench_table(bench, encoding) if bench else None
+    sections += _evaluation_sections(evaluation, comparison, plot)
+    bench_text = _bench_table(comparison.bench, encoding) if comparison and comparison.bench else None
     if bench_text:
         sections += ["## Speed", bench_text]
     sections += ["## Limitations", _limitations(dataset[0])]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
 
 
-def _evaluation_sections(evaluation: dict[str, Any] | None, aggregate: dict[str, Any] | None,
-                         seeds: list[int] | None, plot: str | None) -> list[str]:
+def _evaluation_sections(evaluation: Evaluation | None, comparison: ComparisonContext | None,
+                         plot: str | None) -> list[str]:
     if not evaluation:
         return ["## Evaluation", "No evaluation was run for this checkpoint; the card claims no accuracy."]
     sections = ["## Evaluation",
-                f"Test split ({evaluation['split']}), trained at {evaluation['sweep_unit']} "
-                f"{evaluation['trained_at']}, evaluated at each size with and without position interpolation "
-                f"(code version {evaluation.get('commit', '?')}).", _sweep_table(evaluation, aggregate, seeds)]
+                f"Test split ({evaluation.split}), trained at {evaluation.sweep_unit} "
+                f"{evaluation.trained_at}, evaluated at each size with and without position interpolation "
+                f"(code version {evaluation.commit or '?'}).", _sweep_table(evaluation, comparison)]
     if plot:
-        sections.append(f"![top-1 accuracy against {evaluation['sweep_unit']}]({plot})")
+        sections.append(f"![top-1 accuracy against {evaluation.sweep_unit}]({plot})")
     return sections
 
 
@@ -262,24 +260,24 @@ def _limitations(dataset: str) -> str:
     ])
 
 
-def write_model_card(checkpoint: str | Path, evaluation: dict[str, Any] | None = None, *,
-                     path: str | Path | None = None, **kwargs: Any) -> Path:
+def write_model_card(checkpoint: str | Path, evaluation: Evaluation | None = None,
+                     comparison: ComparisonContext | None = None, *, path: str | Path | None = None,
+                     **kwargs: Any) -> Path:
     """Write the card as ``README.md`` into a checkpoint folder (or to ``path``); see :func:`render_model_card`."""
     checkpoint = Path(checkpoint)
     config = json.loads((checkpoint / "config.json").read_text())
     path = Path(path) if path else checkpoint / "README.md"
-    render_model_card(config, evaluation, **kwargs).save(str(path))
+    render_model_card(config, evaluation, comparison, **kwargs).save(str(path))
     return path
 
 
 def card_from_folder(checkpoint: str | Path, repo_id: str | None = None, path: str | Path | None = None,
                      plot: str | None = None) -> Path:
-    """Write the card of a checkpoint folder from what the folder holds: ``config.json`` and, if present,
-    ``eval.json`` (an evaluation, optionally with the main job's ``aggregate`` / ``seeds`` and a ``bench``) and the
-    plot :data:`PLOT_NAME`. ``path`` / ``plot`` write the card elsewhere with the plot under another name."""
+    """Write the card of a checkpoint folder from what the folder holds: ``config.json`` and, if present, its
+    records (``eval.json``, ``comparison.json``: :func:`~pape_hub.records.read_evaluation`) and the plot
+    :data:`PLOT_NAME`. ``path`` / ``plot`` write the card elsewhere with the plot under another name."""
     checkpoint = Path(checkpoint)
-    evaluation = json.loads((checkpoint / "eval.json").read_text()) if (checkpoint / "eval.json").exists() else None
-    extra = {k: evaluation.pop(k, None) for k in ("aggregate", "seeds", "bench")} if evaluation else {}
+    evaluation, comparison = read_evaluation(checkpoint)
     if plot is None and (checkpoint / PLOT_NAME).exists():
         plot = PLOT_NAME
-    return write_model_card(checkpoint, evaluation, path=path, plot=plot, repo_id=repo_id, **extra)
+    return write_model_card(checkpoint, evaluation, comparison, path=path, plot=plot, repo_id=repo_id)

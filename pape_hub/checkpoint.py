@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from .hf.configuration_pape_vit import check_config_agreement
 from .hf.remote_code import write_remote_code
+from .records import EVALUATION_FILE, Evaluation
 
 __all__ = ["atomic_write", "load_checkpoint", "newest_complete", "read_config", "recover_dir",
            "replace_dir", "save_checkpoint"]
@@ -92,13 +93,14 @@ def newest_complete(dst: Path) -> Path:
     return new if new.is_dir() else dst if dst.exists() or not old.is_dir() else old
 
 
-def save_checkpoint(model: torch.nn.Module, directory: str | Path, results: dict[str, Any] | None = None, *,
-                    label_names: list[str] | None = None, data_config: dict[str, Any] | None = None,
-                    extra: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(model: torch.nn.Module, directory: str | Path,
+                    results: Evaluation | dict[str, Any] | None = None, *, label_names: list[str] | None = None,
+                    data_config: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> Path:
     """Write ``model`` (a pape_hub timm model, or the transformers face) to ``directory`` in the layout both faces
     load: what the transformers face's ``save_pretrained`` writes (safetensors with the ``vit.`` prefix,
     ``auto_map``, code files) with timm's fields in the same ``config.json``, and the processor. ``results`` (an
-    evaluation, e.g. from ``pape-hub eval``) is written as ``eval.json``, which the model card is made from. Each
+    :class:`~pape_hub.records.Evaluation`, or its dict) is written as ``eval.json``, which the model card is made
+    from. Each
     file is written once, from the model's own tensors (no second model is built); the folder is written beside
     ``directory`` and swapped in whole, so an interrupted save leaves the previous checkpoint intact."""
     from .hf.convert import config_from_timm, processor_for, transformers_class
@@ -140,7 +142,8 @@ def save_checkpoint(model: torch.nn.Module, directory: str | Path, results: dict
     write_remote_code(tmp, entries=[v.split(".")[0] for v in hf_class.auto_map.values()])
     processor_for(hf_config).save_pretrained(tmp)  # pipeline("image-classification", model=folder)
     if results is not None:
-        (tmp / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
+        record = results.to_dict() if isinstance(results, Evaluation) else results
+        (tmp / EVALUATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
     replace_dir(tmp, directory)
     return directory
 

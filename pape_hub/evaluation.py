@@ -23,6 +23,7 @@ from .data import (
     is_video_spec,
 )
 from .provenance import git_commit
+from .records import EVALUATION_FILE, Evaluation, SweepRow
 from .training import evaluate_loader
 
 __all__ = ["chance_level", "check_label_names", "evaluate_checkpoint", "parse_clip", "plot_sweep_summary",
@@ -105,7 +106,7 @@ def check_label_names(config: dict[str, Any], classes: list[str], dataset: str) 
 def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: list[int] | None = None,
                         resolutions: list[int] | None = None, interpolation: str = "both", split: str = "test",
                         batch_size: int = 256, eval_size: int = 2000, patch_shuffle: bool | str = True,
-                        clips: list[str | tuple[int, int]] | None = None, progress: bool = True) -> dict[str, Any]:
+                        clips: list[str | tuple[int, int]] | None = None, progress: bool = True) -> Evaluation:
     """Sweep one checkpoint. Arrow task: ``sizes`` are grid sizes; image datasets: ``resolutions`` in pixels;
     video: ``clips`` as ``"FRAMESxSIZE"`` (motion task: size in cells; video folders: in pixels).
 
@@ -118,7 +119,7 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
     tile = tuple(getattr(model.patch_embed, "tubelet_size", model.patch_embed.patch_size))
     trained_size = _trained_size(config, dataset, model.patch_embed.img_size[0])
     task = generated_task(dataset)
-    rows: list[dict[str, Any]] = []
+    rows: list[SweepRow] = []
     for size, loader in sweep_loaders(model, config, dataset, sizes, resolutions, clips, split, batch_size,
                                       eval_size):
         for interp in modes:
@@ -128,10 +129,10 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
         if patch_shuffle and (size == trained_size or patch_shuffle == "all"):
             rows.append(_score(model, ShuffledLoader(loader, tile), size, False, progress, shuffled=True))
     unit = task.unit if task else "clip (frames x px)" if is_video_spec(dataset) else "image size (px)"
-    return dict(checkpoint=str(checkpoint), architecture=config["architecture"],
-                encoding=config.get("position_encoding"), dataset=dataset, num_classes=model.num_classes,
-                split=split if task is None else "generated test seed", sweep_unit=unit,
-                trained_at=trained_size, commit=git_commit(), rows=rows)
+    return Evaluation(rows, checkpoint=str(checkpoint), architecture=config["architecture"],
+                      encoding=config.get("position_encoding"), dataset=dataset, num_classes=model.num_classes,
+                      split=split if task is None else "generated test seed", sweep_unit=unit,
+                      trained_at=trained_size, commit=git_commit())
 
 
 def sweep_loaders(model: torch.nn.Module, config: dict[str, Any], dataset: str, sizes: list[int] | None,
@@ -164,14 +165,14 @@ def sweep_loaders(model: torch.nn.Module, config: dict[str, Any], dataset: str, 
 
 
 def _score(model: torch.nn.Module, loader: Iterable, size: Any, interp: bool, progress: bool,
-           shuffled: bool = False) -> dict[str, Any]:
+           shuffled: bool = False) -> SweepRow:
     """One pass of a sweep as a row (a progress bar over its batches and a line when done, if ``progress``)."""
     what = f"size {size}" + (" interp." if interp else "") + (" shuffled" if shuffled else "")
     started = time.time()
     metrics = evaluate_loader(model, loader, position_interpolation=interp, progress=what if progress else None)
     if progress:
         print(f"  {what}: top-1 {metrics['top1']:.4f} ({time.time() - started:.1f}s)", flush=True)
-    return dict(size=size, interpolation=interp, **({"patch_shuffle": True} if shuffled else {}), **metrics)
+    return SweepRow(size, interp, metrics["top1"], metrics["top5"], metrics["loss"], metrics["count"], shuffled)
 
 
 def _trained_size(config: dict[str, Any], dataset: str, native: int) -> int | str:
@@ -189,22 +190,21 @@ BUILTIN_CLASSES = {"digits": 10}
 _MARKERS = "osD^vP*Xh<>p"
 
 
-def chance_level(result: dict[str, Any]) -> float | None:
+def chance_level(result: Evaluation) -> float | None:
     """1 / number of classes: recorded by :func:`evaluate_checkpoint`, else known for a built-in task."""
-    task = generated_task(str(result.get("dataset")))
-    classes = result.get("num_classes") or (len(task.dataset_class.label_names) if task else
-                                            BUILTIN_CLASSES.get(str(result.get("dataset"))))
+    task = generated_task(str(result.dataset))
+    classes = result.num_classes or (len(task.dataset_class.label_names) if task else
+                                     BUILTIN_CLASSES.get(str(result.dataset)))
     return 1.0 / classes if classes else None
 
 
-def _sweep(runs: list[dict[str, Any]], interp: bool) -> tuple[list[Any], list[list[float]]]:
+def _sweep(runs: list[Evaluation], interp: bool) -> tuple[list[Any], list[list[float]]]:
     """(sizes in the sweep's own order, every run's top-1 at each size) without shuffled patches."""
-    keep = [row for r in runs for row in r["rows"] if row["interpolation"] == interp and not row.get("patch_shuffle")]
-    sizes = list(dict.fromkeys(row["size"] for row in keep))
-    return sizes, [[row["top1"] for row in keep if row["size"] == s] for s in sizes]
+    sizes = list(dict.fromkeys(s for r in runs for s in r.sizes() if r.row(s, interp)))
+    return sizes, [[v for r in runs if (v := r.accuracy(s, interp)) is not None] for s in sizes]
 
 
-def plot_sweep_summary(results: list[dict[str, Any]], path: str | Path, title: str = "") -> None:
+def plot_sweep_summary(results: list[Evaluation], path: str | Path, title: str = "") -> None:
     """Accuracy against sweep size per encoding (one evaluation or several seeds each): the mean over seeds with
     the seeds' min-max range as a bar. Each encoding has its colour and marker and sits a little to the side of
     the others, so equal curves stay visible; solid filled markers: no interpolation, dashed open markers: position
@@ -216,14 +216,14 @@ def plot_sweep_summary(results: list[dict[str, Any]], path: str | Path, title: s
 
     fig, ax = plt.subplots(figsize=(9, 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    encodings = list(dict.fromkeys(r["encoding"] for r in results))
-    every = list(dict.fromkeys(row["size"] for r in results for row in r["rows"]))
+    encodings = list(dict.fromkeys(r.encoding for r in results))
+    every = list(dict.fromkeys(row.size for r in results for row in r.rows))
     numeric = all(isinstance(v, (int, float)) for v in every)
     position = {v: (v if numeric else i) for i, v in enumerate(every)}  # clip sizes ("6x5") sit at their index
     spread = min((b - a for a, b in zip(sorted(position.values()), sorted(position.values())[1:])), default=1)
     series = 2 * len(encodings)  # (encoding, interpolation) pairs, side by side around each size
     for index, enc in enumerate(encodings):
-        runs = [r for r in results if r["encoding"] == enc]
+        runs = [r for r in results if r.encoding == enc]
         color, marker = colors[index % len(colors)], _MARKERS[index % len(_MARKERS)]
         for interp in (False, True):
             sizes, per_size = _sweep(runs, interp)
@@ -241,10 +241,10 @@ def plot_sweep_summary(results: list[dict[str, Any]], path: str | Path, title: s
         chance = chance_level(results[0])
         if chance is not None:
             ax.axhline(chance, color="gray", lw=1.0, ls=":", label=f"chance (1/{round(1 / chance)})")
-        trained = results[0].get("trained_at")
+        trained = results[0].trained_at
         if trained in position:
             ax.axvline(position[trained], color="gray", lw=0.8, ls="-.", label="training size")
-        ax.set_xlabel(results[0]["sweep_unit"])
+        ax.set_xlabel(results[0].sweep_unit)
     if not numeric:
         ax.set_xticks(list(position.values()), [str(v) for v in position])
     ax.set_ylabel("top-1 accuracy")
@@ -257,16 +257,16 @@ def plot_sweep_summary(results: list[dict[str, Any]], path: str | Path, title: s
     plt.close(fig)
 
 
-def save_evaluation(result: dict[str, Any], checkpoint: str | Path, output: str | Path | None = None
+def save_evaluation(result: Evaluation, checkpoint: str | Path, output: str | Path | None = None
                     ) -> tuple[Path, Path]:
     """Write an evaluation and its plot: into the checkpoint folder (``eval.json`` and the plot its model card
     shows), or to ``output`` with the plot beside it as ``.png``. Returns (json, plot)."""
     from .card import PLOT_NAME
 
-    path = Path(output) if output else Path(checkpoint) / "eval.json"
+    path = Path(output) if output else Path(checkpoint) / EVALUATION_FILE
     plot = path.with_suffix(".png") if output else Path(checkpoint) / PLOT_NAME
-    write_json(result, path)
-    plot_sweep_summary([result], plot, title=f"{result['architecture']} ({result['encoding']})")
+    write_json(result.to_dict(), path)
+    plot_sweep_summary([result], plot, title=f"{result.architecture} ({result.encoding})")
     return path, plot
 
 

@@ -23,7 +23,9 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
-__all__ = ["accuracy", "aggregate", "bootstrap_interval", "columns", "make_job", "parse_encodings", "plot_results",
+from .records import Evaluation, runs_of
+
+__all__ = ["aggregate", "bootstrap_interval", "columns", "make_job", "parse_encodings", "plot_results",
            "run_comparison", "run_jobs", "summary_table", "train_and_evaluate", "write_results"]
 
 _SPEC = re.compile(r"^(\w+)(?:\[(.*)\])?$")
@@ -61,7 +63,7 @@ def make_job(label: str, encoding_kwargs: dict[str, Any], seed: int, root: Path,
                                                          output_dir=str(root / f"{folder}_seed{seed}")))
 
 
-def run_comparison(jobs: list[dict[str, Any]], workers: int, describe: Callable[[dict[str, Any]], str],
+def run_comparison(jobs: list[dict[str, Any]], workers: int, describe: Callable[[Evaluation], str],
                    facts: dict[str, Any], sizes: list[Any], unit: str, results_dir: Path | None, title: str,
                    publish: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Run the jobs (:func:`run_jobs`), summarise them over seeds (``facts`` first: provenance, task, model,
@@ -70,7 +72,7 @@ def run_comparison(jobs: list[dict[str, Any]], workers: int, describe: Callable[
     results, failed = run_jobs(jobs, workers, started, describe)
     summary = dict(facts, sizes=sizes, unit=unit, seeds=list(dict.fromkeys(j["train"]["seed"] for j in jobs)),
                    encodings=list(dict.fromkeys(j["encoding"] for j in jobs)), failed=failed,
-                   aggregate=aggregate(results, sizes, unit), runs=results)
+                   aggregate=aggregate(results, sizes, unit), runs=[r.to_dict() for r in results])
     print("\n" + summary_table(summary))
     if publish is not None and results:
         summary["hub"] = publish(summary)
@@ -81,7 +83,7 @@ def run_comparison(jobs: list[dict[str, Any]], workers: int, describe: Callable[
     return summary
 
 
-def train_and_evaluate(job: dict[str, Any], progress: Any = None) -> dict[str, Any]:
+def train_and_evaluate(job: dict[str, Any], progress: Any = None) -> Evaluation:
     """One worker: train ``job["train"]`` (TrainConfig fields), then sweep the best checkpoint with
     ``job["sweep"]`` (``evaluate_checkpoint`` arguments). Runs in its own process with one thread; its output goes
     to ``<output_dir>.log``; ``progress`` (a queue) receives one item per finished epoch."""
@@ -97,7 +99,7 @@ def train_and_evaluate(job: dict[str, Any], progress: Any = None) -> dict[str, A
     with open(out.parent / f"{out.name}.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
         trained = train(cfg, on_epoch=None if progress is None else lambda record: progress.put(1))
         evaluation = evaluate_checkpoint(out / "best", **job["sweep"])
-    evaluation.update(encoding=job["encoding"], seed=cfg.seed, train=trained)
+    evaluation.encoding, evaluation.seed, evaluation.train = job["encoding"], cfg.seed, trained
     return evaluation
 
 
@@ -116,13 +118,13 @@ def _exit_with_parent() -> None:
 
 
 def run_jobs(jobs: list[dict[str, Any]], workers: int, started: float,
-             describe: Callable[[dict[str, Any]], str]) -> tuple[list[dict[str, Any]], list[str]]:
+             describe: Callable[[Evaluation], str]) -> tuple[list[Evaluation], list[str]]:
     """Run every job (at most ``workers`` at a time, each in a fresh interpreter); returns (results in job order,
     labels of failed jobs). One failure does not stop the others. A progress bar counts the epochs of all jobs
     (each worker reports its finished epochs) and a line reports each finished job."""
     from tqdm.auto import tqdm
 
-    results: list[dict[str, Any]] = []
+    done: list[tuple[int, Evaluation]] = []
     failed: list[str] = []
     context = multiprocessing.get_context("spawn")  # a clean interpreter per job: no inherited threads or caches
     with context.Manager() as manager, tqdm(total=sum(job["train"]["epochs"] for job in jobs), unit="epoch",
@@ -142,25 +144,17 @@ def run_jobs(jobs: list[dict[str, Any]], workers: int, started: float,
                 failed.append(label)
                 bar.write(f"  {label}: FAILED ({type(err).__name__}: {err}; log {job['train']['output_dir']}.log)")
                 continue
-            result["job_index"] = futures[future]
-            results.append(result)
+            done.append((futures[future], result))
             bar.write(f"  {label}: {describe(result)} ({time.time() - started:.0f}s)")
         epochs.put(None)
         counter.join()
-    results.sort(key=lambda r: r.pop("job_index"))
-    return results, failed
+    return [result for _, result in sorted(done, key=lambda item: item[0])], failed
 
 
 def _count_epochs(epochs: Any, bar: Any) -> None:
     """Advance ``bar`` by each item the workers put on the ``epochs`` queue, until a ``None``."""
     while epochs.get() is not None:
         bar.update(1)
-
-
-def accuracy(rows: list[dict[str, Any]], size: int, interp: bool = False, shuffle: bool = False) -> float | None:
-    hits = [r["top1"] for r in rows if r["size"] == size and r["interpolation"] == interp
-            and bool(r.get("patch_shuffle")) == shuffle]
-    return hits[0] if hits else None
 
 
 def columns(sizes: list[int], unit: str = "grid") -> list[tuple[str, int, bool, bool]]:
@@ -186,16 +180,16 @@ def bootstrap_interval(values: list[float], level: float = 0.95) -> tuple[float,
     return float(low), float(high)
 
 
-def aggregate(results: list[dict[str, Any]], sizes: list[int], unit: str = "grid"
+def aggregate(results: list[Evaluation], sizes: list[int], unit: str = "grid"
               ) -> dict[str, dict[str, dict[str, float]]]:
     """Per encoding and column: mean, std (over seeds; 0 for one seed), min, max, n and ``ci95``, the bootstrap
     interval of the mean (:func:`bootstrap_interval`)."""
     out: dict[str, dict[str, dict[str, float]]] = {}
-    for enc in dict.fromkeys(r["encoding"] for r in results):
-        runs = [r for r in results if r["encoding"] == enc]
-        cols = {"best val": [r["train"]["best_val_top1"] for r in runs]}
+    for enc in dict.fromkeys(r.encoding for r in results):
+        runs = [r for r in results if r.encoding == enc]
+        cols = {"best val": [r.train["best_val_top1"] for r in runs]}
         for label, size, interp, shuffle in columns(sizes, unit):
-            cols[label] = [v for r in runs if (v := accuracy(r["rows"], size, interp, shuffle)) is not None]
+            cols[label] = [v for r in runs if (v := r.accuracy(size, interp, shuffle)) is not None]
         out[enc] = {label: dict(mean=statistics.fmean(v), std=statistics.stdev(v) if len(v) > 1 else 0.0,
                                 min=min(v), max=max(v), n=len(v), ci95=bootstrap_interval(v))
                     for label, v in cols.items() if v}
@@ -209,7 +203,7 @@ def summary_table(summary: dict[str, Any]) -> str:
     labels = ["best val"] + [c[0] for c in columns(summary["sizes"], summary["unit"])]
     several = len(summary["seeds"]) > 1
     lines = ["| encoding | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
-    for enc, cols in aggregate(summary["runs"], summary["sizes"], summary["unit"]).items():
+    for enc, cols in aggregate(runs_of(summary), summary["sizes"], summary["unit"]).items():
         cells = [(f"{c['mean']:.3f} [{c['ci95'][0]:.2f}, {c['ci95'][1]:.2f}]" if several else f"{c['mean']:.3f}")
                  if (c := cols.get(label)) else "-" for label in labels]
         lines.append(f"| `{enc}` | " + " | ".join(cells) + " |")
@@ -233,6 +227,6 @@ def plot_results(summary: dict[str, Any], results_dir: Path) -> Path:
     from .evaluation import plot_sweep_summary
 
     path = results_dir / "accuracy_vs_size.png"
-    plot_sweep_summary(summary["runs"], path, title=summary.get("title") or
+    plot_sweep_summary(runs_of(summary), path, title=summary.get("title") or
                        f"{results_dir.name}: mean and range over seeds {summary['seeds']}")
     return path

@@ -101,7 +101,7 @@ def _probe_training() -> dict[str, list[float]]:
                     [result["test"]["loss"], result["test"]["top1"]]
             sweep = evaluate_checkpoint(Path(tmp) / "arrows" / "best", "arrows", sizes=[4, 5], eval_size=32,
                                         progress=False)
-            out["eval/arrows"] = [v for row in sweep["rows"] for v in (row["loss"], row["top1"])]
+            out["eval/arrows"] = [v for row in sweep.rows for v in (row.loss, row.top1)]
     finally:
         torch.set_num_threads(threads)
     return out

@@ -52,14 +52,13 @@ def main() -> int:
             job["train"].update(overrides)
             result = train_and_evaluate(job)
             results.append(result)
-            top = next(r["top1"] for r in result["rows"] if r["size"] == 4 and not r["interpolation"]
-                       and not r.get("patch_shuffle"))
+            top = result.accuracy(4)
             print(f"  {label} seed {seed}: test grid 4 {top:.3f} ({time.time() - started:.0f}s)", flush=True)
     command = "python scripts/recipe_bisection.py " + shlex.join(sys.argv[1:])
     summary = dict(provenance=provenance("arrows", command=command.strip()), task=dict(setting="default", **setting),
                    recipe=dict(recipe="paper-pape", variants=list(VARIANTS)), epochs=5, sizes=grids, unit="grid",
                    seeds=seeds, encodings=list(VARIANTS), failed=[], aggregate=aggregate(results, grids),
-                   runs=results, wall_s=round(time.time() - started))
+                   runs=[r.to_dict() for r in results], wall_s=round(time.time() - started))
     print("\n" + summary_table(summary))
     write_results(summary, Path(args.results_dir), title=f"PaPE under paper-pape, one part put back, seeds {seeds}")
     return 0

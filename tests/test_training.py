@@ -71,9 +71,9 @@ def test_evaluation_reproduces_the_training_test_accuracy(tmp_path, arrow):
     own normalisation - as training's own test."""
     results = train(arrow_config(tmp_path, epochs=2, train_size=256, arrow=arrow))
     sweep = evaluate_checkpoint(tmp_path / "run" / "best", "arrows", sizes=[4, 5], eval_size=64)
-    at_train_grid = [r for r in sweep["rows"] if r["size"] == 4 and not r.get("patch_shuffle")]
+    at_train_grid = [r for r in sweep.rows if r.size == 4 and not r.patch_shuffle]
     assert len(at_train_grid) == 1  # interpolation at the training grid would repeat the same numbers
-    assert at_train_grid[0]["top1"] == results["test"]["top1"] and at_train_grid[0]["count"] == 64
+    assert at_train_grid[0].top1 == results["test"]["top1"] and at_train_grid[0].count == 64
 
 
 def test_resume_continues_exactly(tmp_path):
@@ -131,12 +131,12 @@ def test_resume_of_another_model_is_refused(tmp_path):
 def test_evaluate_sweep_and_patch_shuffle(tmp_path):
     train(arrow_config(tmp_path, epochs=1))
     result = evaluate_checkpoint(tmp_path / "run" / "best", "arrows", sizes=[4, 6], eval_size=32)
-    sizes = {(r["size"], r["interpolation"], bool(r.get("patch_shuffle"))) for r in result["rows"]}
+    sizes = {(r.size, r.interpolation, r.patch_shuffle) for r in result.rows}
     assert sizes == {(4, False, False), (4, False, True), (6, False, False), (6, True, False)}
-    assert result["encoding"] == "pape" and result["trained_at"] == 4
+    assert result.encoding == "pape" and result.trained_at == 4
     card = write_model_card(tmp_path / "run" / "best", result, plot="plot.png").read_text()
     assert card.startswith("---\n") and "pipeline_tag: image-classification" in card
-    top1 = next(r["top1"] for r in result["rows"] if r["size"] == 6 and not r["interpolation"])
+    top1 = result.accuracy(6)
     assert f"{top1:.3f}" in card and "Patch-shuffle" in card and "`pape`" in card
 
 
@@ -175,7 +175,7 @@ def test_grey_digits_train_without_augmentation(tmp_path):
     model, config = load_checkpoint(tmp_path / "digits" / "best")
     assert model.patch_embed.proj.in_channels == 1 and len(config["pretrained_cfg"]["mean"]) == 1
     sweep = evaluate_checkpoint(tmp_path / "digits" / "best", "digits", resolutions=[16, 24])
-    assert {r["size"] for r in sweep["rows"]} == {16, 24}
+    assert set(sweep.sizes()) == {16, 24}
 
 
 def test_cli_train_and_eval(tmp_path, capsys):

@@ -326,11 +326,10 @@ def test_short_training_run_on_the_motion_task_and_clip_sweep(tmp_path):
     results = train(cfg)
     assert 0 <= results["test"]["top1"] <= 1 and results["test"]["count"] == 64
     sweep = evaluate_checkpoint(tmp_path / "run" / "best", "motion", clips=["6x5", "6x7", "10x5"], eval_size=64)
-    sizes = {(r["size"], r["interpolation"], bool(r.get("patch_shuffle"))) for r in sweep["rows"]}
+    sizes = {(r.size, r.interpolation, r.patch_shuffle) for r in sweep.rows}
     assert sizes == {("6x5", False, False), ("6x5", False, True), ("6x7", False, False), ("6x7", True, False),
                      ("10x5", False, False), ("10x5", True, False)}
-    at_train = next(r for r in sweep["rows"] if r["size"] == "6x5" and not r.get("patch_shuffle"))
-    assert at_train["top1"] == results["test"]["top1"] and sweep["trained_at"] == "6x5"
+    assert sweep.accuracy("6x5") == results["test"]["top1"] and sweep.trained_at == "6x5"
 
 
 def test_training_on_a_video_folder_and_mismatched_data(tmp_path):
@@ -341,7 +340,7 @@ def test_training_on_a_video_folder_and_mismatched_data(tmp_path):
     results = train(cfg)
     assert results["test"]["count"] == 8
     sweep = evaluate_checkpoint(tmp_path / "run" / "best", f"videofolder:{root}", clips=["4x16", "8x24"])
-    assert {r["size"] for r in sweep["rows"]} == {"4x16", "8x24"}
+    assert set(sweep.sizes()) == {"4x16", "8x24"}
     with pytest.raises(ValueError, match="is a video model but 'digits' is an image dataset"):
         train(TrainConfig(model="vivit_t16_pape", model_kwargs=VIDEO_KWARGS, dataset="digits",
                           output_dir=str(tmp_path / "bad")))

@@ -96,9 +96,10 @@ def arrow_job(label: str, encoding: str, kwargs: dict[str, Any], seed: int, sett
 
 def run(args: argparse.Namespace) -> int:
     from ..encodings import list_encodings
-    from ..experiment import accuracy, parse_encodings, run_comparison
+    from ..experiment import parse_encodings, run_comparison
     from ..provenance import provenance
     from ..recipes import get_recipe
+    from ..records import Evaluation
 
     get_recipe(args.recipe)  # an unknown recipe fails here, before any worker starts
     setting_name, setting, epochs, results_dir = run_setting(args)
@@ -118,9 +119,8 @@ def run(args: argparse.Namespace) -> int:
           f"{args.train_size} images, {args.jobs} at a time; each run logs a line per epoch to {root}/RUN.log",
           flush=True)
 
-    def describe(result: dict[str, Any]) -> str:
-        return (f"best val {result['train']['best_val_top1']:.3f}, test grid {grids[0]} "
-                f"{accuracy(result['rows'], grids[0]):.3f}")
+    def describe(result: Evaluation) -> str:
+        return f"best val {result.train['best_val_top1']:.3f}, test grid {grids[0]} {result.accuracy(grids[0]):.3f}"
 
     recipe = {k: v for k, v in jobs[0]["train"].items() if k not in ("output_dir", "seed", "model", "model_kwargs")}
     facts = dict(provenance=provenance("arrows", getattr(args, "command_line", None)),
@@ -141,21 +141,22 @@ def publish(summary: dict[str, Any], hub: Any, cards_dir: Path | None) -> dict[s
     by repo id from both faces (bit-identical logits to the local folder, checked in a fresh process). The cards
     are also written to ``cards_dir`` (the repository's ``model_cards/``)."""
     from ..card import PLOT_NAME, card_from_folder
-    from ..evaluation import plot_sweep_summary
+    from ..evaluation import plot_sweep_summary, write_json
+    from ..records import EVALUATION_FILE, ComparisonContext, runs_of
 
     first_seed = summary["seeds"][0]
     bench_file = Path("results") / "bench_vit_b16_224_cpu.json"  # the encodings' speed at ViT-B, if measured
     bench = json.loads(bench_file.read_text()) if bench_file.exists() else None
     items = []
-    for result in summary["runs"]:
-        if result["seed"] != first_seed:
+    for result in runs_of(summary):
+        if result.seed != first_seed:
             continue
-        enc = result["encoding"]
-        checkpoint = Path(result["checkpoint"])
+        enc = result.encoding
+        checkpoint = Path(result.checkpoint)
         name = "vit-arrows-" + re.sub(r"[^A-Za-z0-9.]+", "-", enc).strip("-")
         plot_sweep_summary([result], checkpoint / PLOT_NAME, title=f"{enc}, trained on grid {summary['sizes'][0]}")
-        card_inputs = dict(result, aggregate=summary["aggregate"].get(enc), seeds=summary["seeds"], bench=bench)
-        (checkpoint / "eval.json").write_text(json.dumps(card_inputs, indent=2))
+        write_json(result.to_dict(), checkpoint / EVALUATION_FILE)  # this run's evaluation, as the comparison has it
+        ComparisonContext(summary["seeds"], summary["aggregate"].get(enc), bench).write(checkpoint)
         card_from_folder(checkpoint, repo_id=f"{hub.namespace}/{name}")
         if cards_dir is not None:
             cards_dir.mkdir(parents=True, exist_ok=True)

@@ -26,16 +26,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..card import card_from_folder
     from ..hub import check_checkpoint_dir
+    from ..records import EVALUATION_FILE, ComparisonContext, read_evaluation
 
     folder = Path(args.checkpoint)
     check_checkpoint_dir(folder)
-    if args.bench:
-        evaluation = json.loads((folder / "eval.json").read_text()) if (folder / "eval.json").exists() else None
+    if args.bench:  # the speed goes beside the evaluation, into the comparison context; eval.json stays as measured
+        evaluation, comparison = read_evaluation(folder)
         if evaluation is None:
-            raise FileNotFoundError(f"{folder / 'eval.json'} is missing: run `pape-hub eval {folder} --output "
-                                    f"{folder / 'eval.json'}` first")
-        evaluation["bench"] = json.loads(Path(args.bench).read_text())
-        (folder / "eval.json").write_text(json.dumps(evaluation, indent=2))
+            raise FileNotFoundError(f"{folder / EVALUATION_FILE} is missing: run `pape-hub eval {folder}` first")
+        comparison = comparison or ComparisonContext(seeds=[])
+        comparison.bench = json.loads(Path(args.bench).read_text())
+        comparison.write(folder)
     path = card_from_folder(folder, repo_id=args.repo_id, path=args.output)
     print(f"wrote {path}")
     return 0

@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from ..encodings import list_encodings
     from ..experiment import make_job, parse_encodings, run_comparison
     from ..provenance import provenance
+    from ..records import Evaluation
 
     setup = resolve(args)
     default = DEFAULT_ENCODINGS if "clips" not in setup else DEFAULT_ENCODINGS.replace(",lookhere", "")
@@ -114,9 +115,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"training {len(jobs)} model(s) on {args.dataset}, {setup['epochs']} epochs, {args.jobs} at a time; "
           f"evaluating at {sizes}; logs in {root}/", flush=True)
 
-    def describe(result: dict[str, Any]) -> str:
-        test = result["train"].get("test", {}).get("top1")
-        return f"best val {result['train']['best_val_top1']:.3f}" + (f", test {test:.3f}" if test is not None else "")
+    def describe(result: Evaluation) -> str:
+        test = result.train.get("test", {}).get("top1")
+        return f"best val {result.train['best_val_top1']:.3f}" + (f", test {test:.3f}" if test is not None else "")
 
     facts = dict(provenance=provenance("compare", getattr(args, "command_line", None)), dataset=args.dataset,
                  model=dict(setup["model_kwargs"], name=setup["model"]), recipe=recipe)

@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
                                  clips=args.clips.split(",") if args.clips else None)
     output, plot = save_evaluation(result, checkpoint, args.output)
     print(f"{'size':>6} {'interp':>6} {'shuffle':>7} {'top-1':>7} {'top-5':>7}")
-    for row in result["rows"]:
-        print(f"{row['size']:>6} {str(row['interpolation']):>6} {str(row.get('patch_shuffle', False)):>7} "
-              f"{row['top1']:>7.4f} {row['top5']:>7.4f}")
+    for row in result.rows:
+        print(f"{row.size:>6} {str(row.interpolation):>6} {str(row.patch_shuffle):>7} {row.top1:>7.4f} "
+              f"{row.top5:>7.4f}")
     print(f"wrote {output} and {plot}")
     return 0

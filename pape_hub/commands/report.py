@@ -207,15 +207,18 @@ def recipe_block(results: Path, baseline: str, other: str, learned: float = 0.30
 def on_seeds(data: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
     """A comparison's summary restricted to ``seeds`` (runs and aggregate)."""
     from ..experiment import aggregate
+    from ..records import runs_of
 
-    runs = [r for r in data["runs"] if r["seed"] in seeds]
-    return dict(data, runs=runs, seeds=list(seeds), aggregate=aggregate(runs, data["sizes"], data["unit"]))
+    runs = [r for r in runs_of(data) if r.seed in seeds]
+    return dict(data, runs=[r.to_dict() for r in runs], seeds=list(seeds),
+                aggregate=aggregate(runs, data["sizes"], data["unit"]))
 
 
 def rerun_block(results: Path, earlier: str, later: str) -> str:
     """A re-run of a comparison against the table it replaced: the runs of the seeds both hold, equal bit for bit
     or by how much, and whether each earlier mean lies inside the later run's 95% bootstrap interval."""
-    from ..experiment import accuracy, aggregate, columns
+    from ..experiment import aggregate, columns
+    from ..records import Evaluation, runs_of
 
     runs = {name: load(results, f"{name}/summary.json") for name in (earlier, later)}
     if any(data is None for data in runs.values()):
@@ -225,16 +228,16 @@ def rerun_block(results: Path, earlier: str, later: str) -> str:
     cols = columns(old["sizes"], old["unit"])
     labels = [c[0] for c in cols]
 
-    def top1s(run: dict[str, Any]) -> list[float | None]:  # every reported column of one run
-        return [accuracy(run["rows"], size, interp, shuffle) for _, size, interp, shuffle in cols]
+    def top1s(run: Evaluation) -> list[float | None]:  # every reported column of one run
+        return [run.accuracy(size, interp, shuffle) for _, size, interp, shuffle in cols]
 
-    earlier_runs = {(r["encoding"], r["seed"]): top1s(r) for r in old["runs"]}
-    later_stats = aggregate(new["runs"], new["sizes"], new["unit"])
+    earlier_runs = {(r.encoding, r.seed): top1s(r) for r in runs_of(old)}
+    later_stats = aggregate(runs_of(new), new["sizes"], new["unit"])
     lines = ["| encoding | runs equal bit for bit | largest top-1 difference | earlier means inside the later "
              "intervals |", "|---|---|---|---|"]
     for enc in old["encodings"]:
-        pairs = [(earlier_runs[(enc, r["seed"])], top1s(r)) for r in new["runs"]
-                 if r["encoding"] == enc and r["seed"] in shared and (enc, r["seed"]) in earlier_runs]
+        pairs = [(earlier_runs[(enc, r.seed)], top1s(r)) for r in runs_of(new)
+                 if r.encoding == enc and r.seed in shared and (enc, r.seed) in earlier_runs]
         equal = sum(a == b for a, b in pairs)
         largest = max((abs(x - y) for a, b in pairs for x, y in zip(a, b) if x is not None and y is not None),
                       default=0.0)
@@ -254,9 +257,9 @@ def rerun_block(results: Path, earlier: str, later: str) -> str:
 
 def _solved(data: dict[str, Any], encoding: str, size: int) -> int:
     """How many of an encoding's runs reach 0.99 test top-1 at ``size``."""
-    from ..experiment import accuracy
+    from ..records import runs_of
 
-    return sum((accuracy(r["rows"], size) or 0.0) >= 0.99 for r in data["runs"] if r["encoding"] == encoding)
+    return sum((r.accuracy(size) or 0.0) >= 0.99 for r in runs_of(data) if r.encoding == encoding)
 
 
 def _ranking_verdict(stats: dict[str, dict[str, dict[str, float]]], orders: dict[str, list[str]], baseline: str,
