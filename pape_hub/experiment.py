@@ -23,7 +23,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
-from .records import Evaluation, runs_of
+from .records import Comparison, Evaluation
 
 __all__ = ["aggregate", "bootstrap_interval", "columns", "make_job", "parse_encodings", "plot_results",
            "run_comparison", "run_jobs", "summary_table", "train_and_evaluate", "write_results"]
@@ -65,18 +65,18 @@ def make_job(label: str, encoding_kwargs: dict[str, Any], seed: int, root: Path,
 
 def run_comparison(jobs: list[dict[str, Any]], workers: int, describe: Callable[[Evaluation], str],
                    facts: dict[str, Any], sizes: list[Any], unit: str, results_dir: Path | None, title: str,
-                   publish: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Run the jobs (:func:`run_jobs`), summarise them over seeds (``facts`` first: provenance, task, model,
-    recipe), print the table, ``publish`` (e.g. push checkpoints) and write the results (:func:`write_results`)."""
+                   publish: Callable[[Comparison], dict[str, Any]] | None = None) -> Comparison:
+    """Run the jobs (:func:`run_jobs`), summarise them over seeds (``facts``: provenance, task, model, recipe),
+    print the table, ``publish`` (e.g. push checkpoints) and write the results (:func:`write_results`)."""
     started = time.time()
     results, failed = run_jobs(jobs, workers, started, describe)
-    summary = dict(facts, sizes=sizes, unit=unit, seeds=list(dict.fromkeys(j["train"]["seed"] for j in jobs)),
-                   encodings=list(dict.fromkeys(j["encoding"] for j in jobs)), failed=failed,
-                   aggregate=aggregate(results, sizes, unit), runs=[r.to_dict() for r in results])
+    summary = Comparison(facts, sizes, unit, seeds=list(dict.fromkeys(j["train"]["seed"] for j in jobs)),
+                         encodings=list(dict.fromkeys(j["encoding"] for j in jobs)), runs=results,
+                         aggregate=aggregate(results, sizes, unit), failed=failed)
     print("\n" + summary_table(summary))
     if publish is not None and results:
-        summary["hub"] = publish(summary)
-    summary["wall_s"] = round(time.time() - started)
+        summary.hub = publish(summary)
+    summary.wall_s = round(time.time() - started)
     if results_dir is not None and results:
         write_results(summary, results_dir, title=title)
         print(f"\nwrote {results_dir}/summary.json, summary.md, accuracy_vs_size.png")
@@ -196,37 +196,37 @@ def aggregate(results: list[Evaluation], sizes: list[int], unit: str = "grid"
     return out
 
 
-def summary_table(summary: dict[str, Any]) -> str:
+def summary_table(summary: Comparison) -> str:
     """Markdown: one row per encoding, each column's mean over seeds with its 95% bootstrap interval (the mean
     alone for one seed). Aggregated from the runs the summary holds, so a summary written before the interval
     existed shows it too."""
-    labels = ["best val"] + [c[0] for c in columns(summary["sizes"], summary["unit"])]
-    several = len(summary["seeds"]) > 1
+    labels = ["best val"] + [c[0] for c in columns(summary.sizes, summary.unit)]
+    several = len(summary.seeds) > 1
     lines = ["| encoding | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
-    for enc, cols in aggregate(runs_of(summary), summary["sizes"], summary["unit"]).items():
+    for enc, cols in aggregate(summary.runs, summary.sizes, summary.unit).items():
         cells = [(f"{c['mean']:.3f} [{c['ci95'][0]:.2f}, {c['ci95'][1]:.2f}]" if several else f"{c['mean']:.3f}")
                  if (c := cols.get(label)) else "-" for label in labels]
         lines.append(f"| `{enc}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def write_results(summary: dict[str, Any], results_dir: Path, title: str) -> None:
+def write_results(summary: Comparison, results_dir: Path, title: str) -> None:
     """summary.json (with ``title``), summary.md (the table) and the plot (:func:`plot_results`)."""
     from .evaluation import write_json
 
-    summary["title"] = title
+    summary.title = title
     results_dir.mkdir(parents=True, exist_ok=True)
-    write_json(summary, results_dir / "summary.json")
+    write_json(summary.to_dict(), results_dir / "summary.json")
     (results_dir / "summary.md").write_text(summary_table(summary) + "\n")
     plot_results(summary, results_dir)
 
 
-def plot_results(summary: dict[str, Any], results_dir: Path) -> Path:
+def plot_results(summary: Comparison, results_dir: Path) -> Path:
     """``accuracy_vs_size.png`` of a summary (mean and range over seeds); ``pape-hub report`` redraws it from
     ``summary.json``, like the README's tables."""
     from .evaluation import plot_sweep_summary
 
     path = results_dir / "accuracy_vs_size.png"
-    plot_sweep_summary(runs_of(summary), path, title=summary.get("title") or
-                       f"{results_dir.name}: mean and range over seeds {summary['seeds']}")
+    plot_sweep_summary(summary.runs, path, title=summary.title or
+                       f"{results_dir.name}: mean and range over seeds {summary.seeds}")
     return path

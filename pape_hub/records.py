@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COMPARISON_FILE", "EVALUATION_FILE", "ComparisonContext", "Evaluation", "SweepRow", "read_evaluation",
-           "runs_of"]
+__all__ = ["COMPARISON_FILE", "EVALUATION_FILE", "Comparison", "ComparisonContext", "Evaluation", "SweepRow",
+           "read_evaluation"]
 
 EVALUATION_FILE = "eval.json"
 COMPARISON_FILE = "comparison.json"
@@ -126,6 +126,50 @@ def read_evaluation(folder: str | Path) -> tuple[Evaluation | None, ComparisonCo
             ComparisonContext(**context) if context else None)
 
 
-def runs_of(summary: dict[str, Any]) -> list[Evaluation]:
-    """The runs of a comparison's summary (``summary.json``) as records."""
-    return [Evaluation.from_dict(run) for run in summary["runs"]]
+#: a comparison's own fields, in the order ``summary.json`` has them after the facts
+_COMPARISON_FIELDS = ("sizes", "unit", "seeds", "encodings", "failed", "aggregate", "runs", "hub", "wall_s", "title")
+
+
+@dataclass
+class Comparison:
+    """Encodings trained over seeds and swept (``pape-hub arrows``, ``pape-hub compare``; ``summary.json``).
+
+    ``facts`` say what was compared: the provenance first, then the task or dataset, model, recipe and budget, as
+    the command records them. ``aggregate`` is each label's columns over seeds (mean, std, min, max, n, ci95);
+    ``hub`` what publishing did; ``wall_s`` the run's wall time; ``title`` the plot's."""
+
+    facts: dict[str, Any]
+    sizes: list[Any]
+    unit: str
+    seeds: list[int]
+    encodings: list[str]
+    runs: list[Evaluation]
+    aggregate: dict[str, dict[str, dict[str, Any]]]
+    failed: list[str] = field(default_factory=list)
+    hub: dict[str, Any] | None = None
+    wall_s: int | None = None
+    title: str | None = None
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return self.facts.get("provenance", {})
+
+    def runs_of(self, encoding: str) -> list[Evaluation]:
+        return [r for r in self.runs if r.encoding == encoding]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Comparison:
+        fields = {k: data.get(k) for k in _COMPARISON_FIELDS}
+        fields["runs"] = [Evaluation.from_dict(run) for run in data["runs"]]
+        fields["failed"] = fields["failed"] or []
+        return cls(facts={k: v for k, v in data.items() if k not in _COMPARISON_FIELDS}, **fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.facts)
+        for key in _COMPARISON_FIELDS:
+            value = getattr(self, key)
+            if key == "runs":
+                value = [r.to_dict() for r in value]
+            if value is not None or key not in ("hub", "wall_s", "title"):
+                out[key] = value
+        return out

@@ -20,6 +20,7 @@ from pape_hub.commands.arrows import SETTINGS, arrow_job
 from pape_hub.experiment import aggregate, summary_table, train_and_evaluate, write_results
 from pape_hub.provenance import provenance
 from pape_hub.recipes import RECIPES
+from pape_hub.records import Comparison
 
 BASE = RECIPES["paper-pape"]
 #: label -> (recipe, TrainConfig overrides): paper-pape, then one part each put back to the default recipe's
@@ -55,10 +56,10 @@ def main() -> int:
             top = result.accuracy(4)
             print(f"  {label} seed {seed}: test grid 4 {top:.3f} ({time.time() - started:.0f}s)", flush=True)
     command = "python scripts/recipe_bisection.py " + shlex.join(sys.argv[1:])
-    summary = dict(provenance=provenance("arrows", command=command.strip()), task=dict(setting="default", **setting),
-                   recipe=dict(recipe="paper-pape", variants=list(VARIANTS)), epochs=5, sizes=grids, unit="grid",
-                   seeds=seeds, encodings=list(VARIANTS), failed=[], aggregate=aggregate(results, grids),
-                   runs=[r.to_dict() for r in results], wall_s=round(time.time() - started))
+    facts = dict(provenance=provenance("arrows", command=command.strip()), task=dict(setting="default", **setting),
+                 recipe=dict(recipe="paper-pape", variants=list(VARIANTS)), epochs=5)
+    summary = Comparison(facts, grids, "grid", seeds, list(VARIANTS), results, aggregate(results, grids),
+                         wall_s=round(time.time() - started))
     print("\n" + summary_table(summary))
     write_results(summary, Path(args.results_dir), title=f"PaPE under paper-pape, one part put back, seeds {seeds}")
     return 0

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..experiment import make_job
+from ..records import Comparison, Evaluation
 
 DEFAULT_ENCODINGS = ["ape", "rope_mixed", "pape", "pape_ri", "liere8", "alibi"]
 ARROW_MODEL = dict(embed_dim=96, depth=4, num_heads=4, global_pool="avg", class_token=False)
@@ -99,7 +100,6 @@ def run(args: argparse.Namespace) -> int:
     from ..experiment import parse_encodings, run_comparison
     from ..provenance import provenance
     from ..recipes import get_recipe
-    from ..records import Evaluation
 
     get_recipe(args.recipe)  # an unknown recipe fails here, before any worker starts
     setting_name, setting, epochs, results_dir = run_setting(args)
@@ -132,31 +132,31 @@ def run(args: argparse.Namespace) -> int:
                              title=f"arrow task ({setting_name}), trained on grid {grids[0]}, mean and range over "
                              f"seeds {seeds}",
                              publish=None if hub is None else lambda summary: publish(summary, hub, cards_dir))
-    print(f"wall time {summary['wall_s']}s; checkpoints (with model cards) in {root}/<encoding>_seed<k>/best")
-    return 1 if summary["failed"] else 0
+    print(f"wall time {summary.wall_s}s; checkpoints (with model cards) in {root}/<encoding>_seed<k>/best")
+    return 1 if summary.failed else 0
 
 
-def publish(summary: dict[str, Any], hub: Any, cards_dir: Path | None) -> dict[str, Any]:
+def publish(summary: Comparison, hub: Any, cards_dir: Path | None) -> dict[str, Any]:
     """Give each encoding's first-seed checkpoint its evaluation, plot and model card, push them, and load each back
     by repo id from both faces (bit-identical logits to the local folder, checked in a fresh process). The cards
     are also written to ``cards_dir`` (the repository's ``model_cards/``)."""
     from ..card import PLOT_NAME, card_from_folder
     from ..evaluation import plot_sweep_summary, write_json
-    from ..records import EVALUATION_FILE, ComparisonContext, runs_of
+    from ..records import EVALUATION_FILE, ComparisonContext
 
-    first_seed = summary["seeds"][0]
+    first_seed = summary.seeds[0]
     bench_file = Path("results") / "bench_vit_b16_224_cpu.json"  # the encodings' speed at ViT-B, if measured
     bench = json.loads(bench_file.read_text()) if bench_file.exists() else None
     items = []
-    for result in runs_of(summary):
+    for result in summary.runs:
         if result.seed != first_seed:
             continue
         enc = result.encoding
         checkpoint = Path(result.checkpoint)
         name = "vit-arrows-" + re.sub(r"[^A-Za-z0-9.]+", "-", enc).strip("-")
-        plot_sweep_summary([result], checkpoint / PLOT_NAME, title=f"{enc}, trained on grid {summary['sizes'][0]}")
+        plot_sweep_summary([result], checkpoint / PLOT_NAME, title=f"{enc}, trained on grid {summary.sizes[0]}")
         write_json(result.to_dict(), checkpoint / EVALUATION_FILE)  # this run's evaluation, as the comparison has it
-        ComparisonContext(summary["seeds"], summary["aggregate"].get(enc), bench).write(checkpoint)
+        ComparisonContext(summary.seeds, summary.aggregate.get(enc), bench).write(checkpoint)
         card_from_folder(checkpoint, repo_id=f"{hub.namespace}/{name}")
         if cards_dir is not None:
             cards_dir.mkdir(parents=True, exist_ok=True)

@@ -124,5 +124,5 @@ def run(args: argparse.Namespace) -> int:
     results_dir = None if setup["results_dir"] == "none" else Path(setup["results_dir"])
     summary = run_comparison(jobs, args.jobs, describe, facts, sizes, "clip" if video else "px", results_dir,
                              title=f"{args.dataset}: trained at {sizes[0]}, mean and range over seeds {seeds}")
-    print(f"wall time {summary['wall_s']}s; checkpoints in {root}/<encoding>_seed<k>/best")
-    return 1 if summary["failed"] else 0
+    print(f"wall time {summary.wall_s}s; checkpoints in {root}/<encoding>_seed<k>/best")
+    return 1 if summary.failed else 0

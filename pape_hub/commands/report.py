@@ -18,8 +18,11 @@ import argparse
 import json
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from ..records import Comparison, Evaluation
 
 ROOT = Path(__file__).resolve().parents[2]
 _BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", flags=re.DOTALL)
@@ -36,9 +39,18 @@ def load(results: Path, name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def provenance_line(data: dict[str, Any]) -> str:
-    prov = data.get("provenance", {})
-    wall = data.get("wall_s")
+def load_comparison(results: Path, name: str) -> Comparison | None:
+    """``results/NAME/summary.json`` as a record, None if not measured yet."""
+    data = load(results, f"{name}/summary.json")
+    return Comparison.from_dict(data) if data is not None else None
+
+
+def provenance_line(data: dict[str, Any] | Comparison) -> str:
+    """Which command, commit, behaviour and machine wrote a results file (a JSON's dict or a comparison)."""
+    if isinstance(data, Comparison):
+        prov, wall = data.provenance, data.wall_s
+    else:
+        prov, wall = data.get("provenance", {}), data.get("wall_s")
     return (f"Written by `{prov.get('command', '?')}` at commit `{prov.get('commit', '?')}` "
             f"(behaviour fingerprint `{prov.get('behaviour_fingerprint', '?')}`, {prov.get('machine', '?')}"
             f"{', ' + prov['cpu'] if prov.get('cpu') else ''}, "
@@ -48,18 +60,18 @@ def provenance_line(data: dict[str, Any]) -> str:
 def comparison_block(results: Path, name: str, what: str) -> str:
     from ..experiment import summary_table
 
-    data = load(results, f"{name}/summary.json")
+    data = load_comparison(results, name)
     if data is None:
         return f"_Not measured yet: `results/{name}/summary.json` is missing ({what})._\n"
-    seeds = data["seeds"]
+    seeds = data.seeds
     over = (f"mean over seeds {', '.join(map(str, seeds))} with the 95% bootstrap interval of the mean in brackets"
             if len(seeds) > 1 else f"seed {seeds[0]}")
     lines = [summary_table(data), "",
              f"Top-1 on the test split; {over}. {provenance_line(data)} Plot: `results/{name}/accuracy_vs_size.png`"
              f"; every run with its training curve: `results/{name}/summary.json`."]
-    if data.get("failed"):
-        lines.append(f"Runs that failed: {', '.join(data['failed'])}.")
-    hub = data.get("hub")
+    if data.failed:
+        lines.append(f"Runs that failed: {', '.join(data.failed)}.")
+    hub = data.hub
     if hub:
         ok = [r for r, c in hub["repos"].items() if c.get("timm_identical") and c.get("transformers_identical")]
         lines.append(f"Seed-{seeds[0]} checkpoints were pushed to {hub['endpoint']} and loaded back by repo id from "
@@ -143,26 +155,26 @@ def encodings_block(results: Path) -> str:
 def transplant_block(results: Path) -> str:
     """Fine-tuning models seeded from another encoding's model (``--init-from``) against the same budget from
     scratch."""
-    runs = {name: load(results, f"transplant_{name}/summary.json") for name in ("source", "seeded", "scratch")}
+    runs = {name: load_comparison(results, f"transplant_{name}") for name in ("source", "seeded", "scratch")}
     missing = [name for name, data in runs.items() if data is None]
     if missing:
         return f"_Not measured yet: `results/transplant_{{{','.join(missing)}}}/summary.json` missing._\n"
     source, seeded, scratch = runs["source"], runs["seeded"], runs["scratch"]
-    sizes = seeded["sizes"]
+    sizes = seeded.sizes
     labels = [f"grid {sizes[0]}", f"grid {sizes[-1]}", f"grid {sizes[-1]} interp."]
 
-    def cells(data: dict[str, Any], enc: str) -> str:
-        cols = data["aggregate"][enc]
+    def cells(data: Comparison, enc: str) -> str:
+        cols = data.aggregate[enc]
         return " | ".join(f"{cols[label]['mean']:.3f} ± {cols[label]['std']:.3f}" if label in cols else "-"
                           for label in labels)
 
     lines = ["| model | epochs | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
-    for enc in source["encodings"]:
-        lines.append(f"| `{enc}`, the source | {source['epochs']} | {cells(source, enc)} |")
-    for enc in seeded["encodings"]:
-        lines.append(f"| `{enc}` from scratch | {scratch['epochs']} | {cells(scratch, enc)} |")
-        lines.append(f"| `{enc}` seeded from the source | {seeded['epochs']} | {cells(seeded, enc)} |")
-    lines += ["", f"Top-1 on the test split, mean ± std over seeds {seeded['seeds']} (each seeded model from the "
+    for enc in source.encodings:
+        lines.append(f"| `{enc}`, the source | {source.facts['epochs']} | {cells(source, enc)} |")
+    for enc in seeded.encodings:
+        lines.append(f"| `{enc}` from scratch | {scratch.facts['epochs']} | {cells(scratch, enc)} |")
+        lines.append(f"| `{enc}` seeded from the source | {seeded.facts['epochs']} | {cells(seeded, enc)} |")
+    lines += ["", f"Top-1 on the test split, mean ± std over seeds {seeded.seeds} (each seeded model from the "
               f"source of its seed). Source: {provenance_line(source)} Seeded: {provenance_line(seeded)} "
               f"From scratch: {provenance_line(scratch)}"]
     return "\n".join(lines) + "\n"
@@ -171,19 +183,19 @@ def transplant_block(results: Path) -> str:
 def recipe_block(results: Path, baseline: str, other: str, learned: float = 0.30) -> str:
     """The same encodings and task under two training recipes, side by side, and whether their ranking changes:
     which encodings learn the task (test mean at the training grid >= ``learned``; chance is 0.25) and their order."""
-    runs = {name: load(results, f"{name}/summary.json") for name in (baseline, other)}
-    missing = [name for name, data in runs.items() if data is None]
+    loaded = {name: load_comparison(results, name) for name in (baseline, other)}
+    missing = [name for name, data in loaded.items() if data is None]
     if missing:
         return f"_Not measured yet: `results/{missing[0]}/summary.json` is missing._\n"
-    common = [seed for seed in runs[baseline]["seeds"] if seed in runs[other]["seeds"]]
-    runs = {name: on_seeds(data, common) for name, data in runs.items()}  # the same seeds on both sides
-    names = {name: data["recipe"].get("recipe", "default") for name, data in runs.items()}
-    sizes = runs[baseline]["sizes"]
+    common = [seed for seed in loaded[baseline].seeds if seed in loaded[other].seeds]
+    runs = {name: on_seeds(data, common) for name, data in loaded.items()}  # the same seeds on both sides
+    names = {name: data.facts["recipe"].get("recipe", "default") for name, data in runs.items()}
+    sizes = runs[baseline].sizes
     labels = [f"grid {sizes[0]}", f"grid {sizes[-1]}"]
-    encodings = [e for e in runs[baseline]["encodings"] if e in runs[other]["encodings"]]
+    encodings = [e for e in runs[baseline].encodings if e in runs[other].encodings]
 
     def cell(name: str, enc: str, label: str) -> str:
-        value = runs[name]["aggregate"][enc][label]
+        value = runs[name].aggregate[enc][label]
         return f"{value['mean']:.3f} ± {value['std']:.3f}"
 
     head = [f"{label}, `{names[n]}`" for label in labels for n in runs]
@@ -191,75 +203,69 @@ def recipe_block(results: Path, baseline: str, other: str, learned: float = 0.30
     lines += [f"| `{enc}` | " + " | ".join(cell(n, enc, label) for label in labels for n in runs) + " |"
               for enc in encodings]
 
-    stats = {n: {e: runs[n]["aggregate"][e][labels[0]] for e in encodings} for n in runs}
+    stats = {n: {e: runs[n].aggregate[e][labels[0]] for e in encodings} for n in runs}
     orders = {n: sorted((e for e in encodings if stats[n][e]["mean"] >= learned), key=lambda e: -stats[n][e]["mean"])
               for n in runs}
     lines += ["", f"Learn the task (test mean at grid {sizes[0]} ≥ {learned:.2f}; chance 0.25), best first: "
               + "; ".join(f"`{names[n]}`: {', '.join(f'`{e}`' for e in o) or 'none'}" for n, o in orders.items())
               + f". {_ranking_verdict(stats, orders, baseline, other)}",
-              "", f"Runs that solve grid {sizes[0]} (test top-1 ≥ 0.99), of {len(runs[other]['seeds'])} seeds: "
+              "", f"Runs that solve grid {sizes[0]} (test top-1 ≥ 0.99), of {len(runs[other].seeds)} seeds: "
               + "; ".join(f"`{names[n]}`: " + ", ".join(f"`{e}` {_solved(runs[n], e, sizes[0])}" for e in orders[n])
                           for n in runs) + "."
-              "", f"Mean ± std over seeds {runs[other]['seeds']}. `{names[other]}`: {provenance_line(runs[other])}"]
+              "", f"Mean ± std over seeds {runs[other].seeds}. `{names[other]}`: {provenance_line(runs[other])}"]
     return "\n".join(lines) + "\n"
 
 
-def on_seeds(data: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
-    """A comparison's summary restricted to ``seeds`` (runs and aggregate)."""
+def on_seeds(data: Comparison, seeds: list[int]) -> Comparison:
+    """A comparison restricted to ``seeds`` (runs and aggregate)."""
     from ..experiment import aggregate
-    from ..records import runs_of
 
-    runs = [r for r in runs_of(data) if r.seed in seeds]
-    return dict(data, runs=[r.to_dict() for r in runs], seeds=list(seeds),
-                aggregate=aggregate(runs, data["sizes"], data["unit"]))
+    runs = [r for r in data.runs if r.seed in seeds]
+    return replace(data, runs=runs, seeds=list(seeds), aggregate=aggregate(runs, data.sizes, data.unit))
 
 
 def rerun_block(results: Path, earlier: str, later: str) -> str:
     """A re-run of a comparison against the table it replaced: the runs of the seeds both hold, equal bit for bit
     or by how much, and whether each earlier mean lies inside the later run's 95% bootstrap interval."""
     from ..experiment import aggregate, columns
-    from ..records import Evaluation, runs_of
 
-    runs = {name: load(results, f"{name}/summary.json") for name in (earlier, later)}
-    if any(data is None for data in runs.values()):
+    old, new = load_comparison(results, earlier), load_comparison(results, later)
+    if old is None or new is None:
         return f"_Not measured yet: `results/{earlier}` or `results/{later}` is missing._\n"
-    old, new = runs[earlier], runs[later]
-    shared = [seed for seed in old["seeds"] if seed in new["seeds"]]
-    cols = columns(old["sizes"], old["unit"])
+    shared = [seed for seed in old.seeds if seed in new.seeds]
+    cols = columns(old.sizes, old.unit)
     labels = [c[0] for c in cols]
 
     def top1s(run: Evaluation) -> list[float | None]:  # every reported column of one run
         return [run.accuracy(size, interp, shuffle) for _, size, interp, shuffle in cols]
 
-    earlier_runs = {(r.encoding, r.seed): top1s(r) for r in runs_of(old)}
-    later_stats = aggregate(runs_of(new), new["sizes"], new["unit"])
+    earlier_runs = {(r.encoding, r.seed): top1s(r) for r in old.runs}
+    later_stats = aggregate(new.runs, new.sizes, new.unit)
     lines = ["| encoding | runs equal bit for bit | largest top-1 difference | earlier means inside the later "
              "intervals |", "|---|---|---|---|"]
-    for enc in old["encodings"]:
-        pairs = [(earlier_runs[(enc, r.seed)], top1s(r)) for r in runs_of(new)
-                 if r.encoding == enc and r.seed in shared and (enc, r.seed) in earlier_runs]
+    for enc in old.encodings:
+        pairs = [(earlier_runs[(enc, r.seed)], top1s(r)) for r in new.runs_of(enc)
+                 if r.seed in shared and (enc, r.seed) in earlier_runs]
         equal = sum(a == b for a, b in pairs)
         largest = max((abs(x - y) for a, b in pairs for x, y in zip(a, b) if x is not None and y is not None),
                       default=0.0)
-        inside = [label for label in labels if label in old["aggregate"].get(enc, {}) and label in later_stats[enc]
-                  and later_stats[enc][label]["ci95"][0] - 1e-9 <= old["aggregate"][enc][label]["mean"]
+        inside = [label for label in labels if label in old.aggregate.get(enc, {}) and label in later_stats[enc]
+                  and later_stats[enc][label]["ci95"][0] - 1e-9 <= old.aggregate[enc][label]["mean"]
                   <= later_stats[enc][label]["ci95"][1] + 1e-9]
-        outside = [f"{label}: {old['aggregate'][enc][label]['mean']:.3f} not in "
+        outside = [f"{label}: {old.aggregate[enc][label]['mean']:.3f} not in "
                    f"[{later_stats[enc][label]['ci95'][0]:.3f}, {later_stats[enc][label]['ci95'][1]:.3f}]"
                    for label in labels if label not in inside and label in later_stats[enc]]
         lines.append(f"| `{enc}` | {equal} of {len(pairs)} | {largest:.3f} | {len(inside)} of {len(labels)}"
                      + (f" ({'; '.join(outside)})" if outside else "") + " |")
     lines += ["", f"Seeds {', '.join(map(str, shared))} of `results/{earlier}` (the earlier table) against the same "
               f"seeds of `results/{later}`, every column; the intervals are the later run's over seeds "
-              f"{', '.join(map(str, new['seeds']))}. Earlier: {provenance_line(old)} Later: {provenance_line(new)}"]
+              f"{', '.join(map(str, new.seeds))}. Earlier: {provenance_line(old)} Later: {provenance_line(new)}"]
     return "\n".join(lines) + "\n"
 
 
-def _solved(data: dict[str, Any], encoding: str, size: int) -> int:
+def _solved(data: Comparison, encoding: str, size: int) -> int:
     """How many of an encoding's runs reach 0.99 test top-1 at ``size``."""
-    from ..records import runs_of
-
-    return sum((r.accuracy(size) or 0.0) >= 0.99 for r in runs_of(data) if r.encoding == encoding)
+    return sum((r.accuracy(size) or 0.0) >= 0.99 for r in data.runs_of(encoding))
 
 
 def _ranking_verdict(stats: dict[str, dict[str, dict[str, float]]], orders: dict[str, list[str]], baseline: str,
@@ -366,8 +372,8 @@ def redraw_plots(results: Path) -> None:
     from ..experiment import plot_results
 
     for path in sorted(results.glob("*/summary.json")):
-        summary = json.loads(path.read_text())
-        if summary.get("runs"):
+        summary = Comparison.from_dict(json.loads(path.read_text()))
+        if summary.runs:
             plot_results(summary, path.parent)
 
 
