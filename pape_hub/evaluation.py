@@ -22,8 +22,7 @@ from .data import (
     generated_task,
     is_video_spec,
 )
-from .provenance import git_commit
-from .records import EVALUATION_FILE, Evaluation, SweepRow
+from .records import EVALUATION_FILE, Evaluation, SweepRow, git_commit
 from .training import evaluate_loader
 
 __all__ = ["chance_level", "check_label_names", "evaluate_checkpoint", "parse_clip", "plot_sweep_summary",

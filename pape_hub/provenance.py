@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import math
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,10 +22,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from .records import git_commit
+
 __all__ = ["RESULT_PROBES", "TOLERANCE", "behaviour", "behaviour_differences", "decode_behaviour", "encode_behaviour",
            "git_commit", "provenance"]
 
-PACKAGE = Path(__file__).resolve().parent
 #: the behaviour probes behind each kind of result
 RESULT_PROBES: dict[str, tuple[str, ...]] = {
     "arrows": ("models", "training"),
@@ -155,18 +155,6 @@ def _close(a: float, b: float) -> bool:
     if math.isnan(a) or math.isnan(b):
         return math.isnan(a) and math.isnan(b)
     return math.isclose(a, b, rel_tol=TOLERANCE["rel"], abs_tol=TOLERANCE["abs"])
-
-
-def git_commit() -> str:
-    """The short commit of the checkout (with ``+dirty`` for uncommitted changes to tracked files)."""
-    try:
-        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True, cwd=PACKAGE,
-                                         stderr=subprocess.DEVNULL).strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", str(PACKAGE)], cwd=PACKAGE,
-                               stderr=subprocess.DEVNULL).returncode
-        return commit + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def provenance(kind: str, argv: list[str] | None = None, command: str | None = None) -> dict[str, Any]:

@@ -15,15 +15,30 @@ file written so far (older ones lack ``num_classes``; older checkpoint folders k
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 __all__ = ["COMPARISON_FILE", "EVALUATION_FILE", "Comparison", "ComparisonContext", "Evaluation", "SweepRow",
-           "read_evaluation"]
+           "git_commit", "read_evaluation"]
 
 EVALUATION_FILE = "eval.json"
 COMPARISON_FILE = "comparison.json"
+PACKAGE = Path(__file__).resolve().parent
+
+
+def git_commit() -> str:
+    """The code version a record names: the short commit of the checkout (with ``+dirty`` for uncommitted changes
+    to the package)."""
+    try:
+        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True, cwd=PACKAGE,
+                                         stderr=subprocess.DEVNULL).strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", str(PACKAGE)], cwd=PACKAGE,
+                               stderr=subprocess.DEVNULL).returncode
+        return commit + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 @dataclass(frozen=True)

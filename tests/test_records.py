@@ -42,3 +42,27 @@ def test_comparison_context_lives_beside_the_evaluation(tmp_path):
     read, context = read_evaluation(tmp_path)
     assert read.accuracy(4) == 0.5 and context.aggregate == {"grid 4": {"mean": 0.5}}
     assert read_evaluation(tmp_path / "missing") == (None, None)
+
+
+#: the layers of ARCHITECTURE.md, bottom first: a module imports its own layer and those below, never above
+LAYERS = [("encodings",), ("layers",), ("models",), ("hf",), ("records",), ("checkpoint", "card", "settings",
+          "import_hooks"), ("recipes",), ("training", "data", "hub"), ("evaluation",), ("experiment", "provenance"),
+          ("commands", "cli"), ("__init__",)]
+
+
+def test_imports_run_downwards_only():
+    import ast
+
+    rank = {name: i for i, names in enumerate(LAYERS) for name in names}
+    package = ROOT / "pape_hub"
+    upward = []
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        own = rank[parts[1].removesuffix(".py")]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:  # relative imports, function-level ones too
+                base = parts[: len(parts) - node.level]
+                target = (list(base) + (node.module.split(".") if node.module else [node.names[0].name]))[1]
+                if rank.get(target, -1) > own:
+                    upward.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {target}")
+    assert not upward, upward
