@@ -15,10 +15,14 @@ Layouts (facts measured against each source built by its own code: ``../shared/p
 - ``timm_vit`` (timm's ``VisionTransformer``: ViT augreg, DeiT, DeiT-III, MAE): our keys, except the learned table
   ``pos_embed`` (DeiT-III's has no CLS row: CLS gets a zero row, which adds nothing) and LayerScale
   ``blocks.i.ls{1,2}.gamma`` (same keys as ours).
-- ``timm_eva`` (timm's ``Eva``: NaverLabs rope-vit): ``blocks.i.gamma_{1,2}`` are our ``ls{1,2}.gamma``; RoPE-Mixed's
-  ``rope.freqs`` is (2 [x, y], depth, heads, head_dim/2), ours (depth, heads, 2, head_dim/2); axial RoPE's fixed
-  buffers are recomputed, not loaded; the ``*_ape`` models' ``pos_embed`` (patch cells only) is our
-  ``absolute.pos_embed``.
+- ``timm_eva`` (timm's ``Eva``: NaverLabs rope-vit, DINOv3): ``blocks.i.gamma_{1,2}`` are our ``ls{1,2}.gamma``;
+  RoPE-Mixed's ``rope.freqs`` is (2 [x, y], depth, heads, head_dim/2), ours (depth, heads, 2, head_dim/2); axial
+  RoPE's fixed buffers are recomputed, not loaded; the ``*_ape`` models' ``pos_embed`` (patch cells only) is our
+  ``absolute.pos_embed``. DINOv3 (the Eva with ``reg_token``): into ``rope_dinov3`` its q/k channels are permuted
+  from rotate-half, y first, to interleaved, x first (:func:`dinov3_qk_order`); it has no qkv bias.
+- ``lookhere`` (LookHere's official release, ``{"config", "weights"}``): DeiT-III's keys plus ``head.fc1`` /
+  ``head.fc2``, our ``pre_logits.fc`` / ``head``; the file's config must be the model's encoding, and the heads move
+  from the release's corner order to ours (:func:`lookhere_head_order`, :func:`permute_heads`).
 """
 
 from __future__ import annotations
@@ -316,8 +320,8 @@ def lookhere_head_order(config: dict[str, Any], encoding: nn.Module) -> list[int
               for directions, slope in official_heads(config["head_directions"], encoding.ctx.num_heads)]
     order = []
     for view, slope in zip(encoding.views, encoding.head_slopes.tolist()):
-        match = next((i for i, (v, s) in enumerate(theirs) if v == view and math.isclose(s, slope)
-                      and i not in order), None)
+        match = next((i for i, (v, s) in enumerate(theirs) if v == view and math.isclose(s, slope, rel_tol=1e-6)
+                      and i not in order), None)  # the model's slopes are a float32 buffer
         if match is None:
             raise ValueError(f"the model's LookHere head ({view}, slope {slope}) has no match in the checkpoint's "
                              f"{config['head_directions']!r} heads")
