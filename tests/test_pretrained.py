@@ -267,7 +267,7 @@ def test_every_user_path_loads_sources_from_the_hub(hub, tmp_path):  # noqa: F81
     entries = ["vit_s16_ape.fb_deit3_in1k", "vit_s16_rope_mixed.naver_in1k", "vit_b16_ape.mae",
                "vit_s16_rope_dinov3.lvd1689m"]
     done = client(hub, tmp_path, PUSH_SOURCES.format(entries=entries) + """
-from transformers import AutoModelForImageClassification
+from transformers import AutoModel, AutoModelForImageClassification
 from pape_hub.cli import main
 out = {}
 for entry in logits:
@@ -287,10 +287,14 @@ for entry in logits:
                                 ).eval()
     args = [f"--set={k}={json.dumps(v)}" for k, v in small_args(entry).items()]
     assert main(["convert", entry, f"{tmp}/{entry}", *args]) == 0
-    hf = AutoModelForImageClassification.from_pretrained(f"{tmp}/{entry}").eval() if small_args(entry)[
-        "num_classes"] else None
+    # a backbone without classes (MAE, DINOv3) loads as transformers' AutoModel: its pooled output is the feature
+    auto = AutoModelForImageClassification if small_args(entry)["num_classes"] else AutoModel
+    hf = auto.from_pretrained(f"{tmp}/{entry}").eval()
     local = timm.create_model(f"local-dir:{tmp}/{entry}", pretrained=True).eval()
-    out[entry] = [diff(named), diff(overlay), diff(hf) if hf else 0.0, diff(local)]
+    with torch.no_grad():
+        features = hf(x).pooler_output if auto is AutoModel else None
+    out[entry] = [diff(named), diff(overlay), diff(hf) if features is None else float((features - want).abs().max()),
+                  diff(local)]
 print("RESULT", json.dumps(out))
 """.replace("{tmp}", str(tmp_path)))
     assert "RESULT" in done.stdout, done.stderr[-3000:]
