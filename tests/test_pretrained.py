@@ -34,6 +34,7 @@ FAMILIES = {
     "vit_s16_rope_ape.naver_in1k": 1e-5,
     "vit_s16_rope_mixed_ape.naver_in1k": 1e-5,
     "vit_s16_rope_dinov3.lvd1689m": 1e-5,  # timm's DINOv3 RoPE: float32 angles too
+    "vit_s16_rope_dinov3.lvd1689m_plus": 1e-5,  # S+: the SwiGLU MLP
 }
 
 

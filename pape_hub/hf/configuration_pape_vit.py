@@ -27,6 +27,7 @@ class PapeViTConfig(PreTrainedConfig):
     layerscale_value (`float`, *optional*): LayerScale's initial gain (DeiT-III, Eva); None: no LayerScale.
     representation_size (`int`, *optional*): width of a pre-logits layer (``Linear -> tanh``) before the classifier,
         as the original ViT and LookHere's releases have; None: none.
+    use_swiglu_ffn (`bool`): a SwiGLU MLP in every block instead of the GELU one (DINOv3 S+; Dinov2's field name).
     timm_architecture (`str`, *optional*): the registered timm name this configuration was made from.
     image_mean, image_std: the normalisation the model was trained with (for the image processor and timm), per
         channel or one number for all.
@@ -56,6 +57,7 @@ class PapeViTConfig(PreTrainedConfig):
     use_fc_norm: bool | None = None
     layerscale_value: float | None = None
     representation_size: int | None = None
+    use_swiglu_ffn: bool = False
     position_encoding: str = "ape"
     position_encoding_kwargs: dict[str, Any] | None = None
     position_interpolation: bool = False
@@ -87,7 +89,7 @@ class PapeViTConfig(PreTrainedConfig):
         ("hidden_dropout_prob", "proj_drop_rate"), ("attention_probs_dropout_prob", "attn_drop_rate"),
         ("drop_path_rate", "drop_path_rate"), ("use_fc_norm", "fc_norm"), ("layerscale_value", "init_values"),
         ("layer_norm_eps", "norm_eps"), ("representation_size", "representation_size"),
-        ("num_register_tokens", "reg_tokens"),
+        ("num_register_tokens", "reg_tokens"), ("use_swiglu_ffn", "swiglu_mlp"),
     )
 
     def core_kwargs(self, num_classes: int) -> dict[str, Any]:

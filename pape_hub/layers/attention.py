@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath, LayerNorm, LayerScale, Mlp, register_notrace_function
+from timm.layers import DropPath, LayerNorm, LayerScale, Mlp, SwiGLU, register_notrace_function
 from torch import nn
 
 from ..encodings.base import PositionEncoding
@@ -120,6 +120,8 @@ class PositionalBlock(nn.Module):
 
     ``init_values`` adds timm's ``LayerScale`` (CaiT / DeiT-III: a learned per-channel gain on each residual
     branch, started at ``init_values``; keys ``ls1.gamma`` / ``ls2.gamma`` as in timm's ViT); None leaves it out.
+    ``swiglu_mlp`` replaces the GELU MLP by timm's ``SwiGLU`` (``silu(fc1_g x) * fc1_x x -> fc2``, hidden width
+    rounded up to a multiple of 8), as timm's Eva builds DINOv3's S+ / H+ blocks (same name, same keys).
     """
 
     def __init__(
@@ -136,6 +138,7 @@ class PositionalBlock(nn.Module):
         init_values: float | None = None,
         act_layer: type[nn.Module] = nn.GELU,
         norm_layer: type[nn.Module] = LayerNorm,
+        swiglu_mlp: bool = False,
     ) -> None:
         super().__init__()
         self.norm1 = norm_layer(dim)
@@ -146,7 +149,8 @@ class PositionalBlock(nn.Module):
         self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm_layer(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
+        self.mlp = SwiGLU(dim, int(dim * mlp_ratio), drop=proj_drop, align_to=8) if swiglu_mlp else \
+            Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
         self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 

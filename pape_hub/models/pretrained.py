@@ -118,11 +118,15 @@ def _sources() -> dict[str, Source]:
         for encoding in ("rope", "rope_mixed", "rope_ape", "rope_mixed_ape"):
             add(size, encoding, "naver_in1k", f"vit_{timm_size}_patch16_{encoding}_224.naver_in1k",
                 "Rotary Position Embedding for Vision Transformer (Heo et al. 2024)", init_values=1e-5)
-        # DINOv3's GELU sizes (timm's Eva; S+/H+/7B use SwiGLU): CLS + 4 registers, LayerScale, eps 1e-5, no qkv
-        # bias, timm's average pooling over the patches (DINOv3's own features are the CLS token: global_pool="token")
+        # DINOv3 (timm's Eva): CLS + 4 registers, LayerScale, eps 1e-5, no qkv bias, timm's average pooling over the
+        # patches (DINOv3's own features are the CLS token: global_pool="token")
+        dinov3 = dict(reg_tokens=4, init_values=1e-5, norm_eps=1e-5, qkv_bias=False, global_pool="avg", fc_norm=False,
+                      img_size=256)
         add(size, "rope_dinov3", "lvd1689m", f"vit_{timm_size}_patch16_dinov3.lvd1689m",
-            "DINOv3 (Simeoni et al. 2025)", reg_tokens=4, init_values=1e-5, norm_eps=1e-5, qkv_bias=False,
-            global_pool="avg", fc_norm=False, img_size=256)
+            "DINOv3 (Simeoni et al. 2025)", **dinov3)
+        # S+: the S size with a SwiGLU MLP (timm's Eva swiglu_mlp); H+ and 7B have no size of this package
+        add(size, "rope_dinov3", "lvd1689m_plus", f"vit_{timm_size}_plus_patch16_dinov3.lvd1689m",
+            "DINOv3 (Simeoni et al. 2025), the Plus model", swiglu_mlp=True, **dinov3)
     # the release's pre-logits head (Linear(768, 3072) -> tanh), nn.LayerNorm's eps and its bias rounding
     rows["vit_b16_lookhere.lh90_in1k"] = Source(None, dict(
         num_classes=1000, init_values=1e-4, norm_eps=1e-5, representation_size=3072,

@@ -38,7 +38,8 @@ class VisionTransformer(nn.Module):
     and, for checkpoints of other ViTs (:mod:`pape_hub.models.pretrained`): ``init_values`` (LayerScale, as timm's
     DeiT-III and Eva), ``norm_eps`` (the LayerNorms' epsilon; timm's ViT uses 1e-6, ``nn.LayerNorm`` 1e-5) and
     ``representation_size`` (the original ViT's pre-logits layer, ``Linear(D, R) -> tanh`` before the classifier,
-    as LookHere's released models have; timm's ViT had it under the same name). ``reg_tokens``: learned register
+    as LookHere's released models have; timm's ViT had it under the same name), ``swiglu_mlp`` (timm's ``SwiGLU``
+    in every block instead of the GELU MLP, as Eva's DINOv3 S+ / H+; see the block). ``reg_tokens``: learned register
     tokens after CLS (Darcet et al. 2024; DINOv3 has 4); like CLS they are prefix tokens, which no encoding
     positions and pooling skips.
     """
@@ -67,6 +68,7 @@ class VisionTransformer(nn.Module):
         init_values: float | None = None,
         norm_eps: float = 1e-6,
         representation_size: int | None = None,
+        swiglu_mlp: bool = False,
         dynamic_img_size: bool = True,
         drop_rate: float = 0.0,
         pos_drop_rate: float = 0.0,
@@ -122,8 +124,7 @@ class VisionTransformer(nn.Module):
             block_fn(
                 embed_dim, num_heads, layer_idx=i, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_norm=qk_norm,
                 proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[i], init_values=init_values,
-                act_layer=act_layer,
-                norm_layer=norm_layer,
+                act_layer=act_layer, norm_layer=norm_layer, swiglu_mlp=swiglu_mlp,
             )
             for i in range(depth)
         )
