@@ -62,10 +62,9 @@ def _sweep_table(evaluation: Evaluation, comparison: ComparisonContext | None) -
         text += ("\n\nPatch-shuffle test (LieRE table 5: the patches of each test image randomly permuted; a model "
                  "that uses positions drops towards chance): " + ", ".join(f"{r.size}: {r.top1:.3f}"
                                                                              for r in shuffled) + ".")
-    seeds = comparison.seeds if comparison else []
-    if comparison and comparison.aggregate and len(seeds) > 1:
-        seed = evaluation.seed if evaluation.seed is not None else seeds[0]
-        text += (f"\n\nOver training seeds {seeds} (this checkpoint is seed {seed}), mean "
+    if comparison and comparison.aggregate and len(comparison.seeds) > 1:
+        seed = evaluation.seed if evaluation.seed is not None else comparison.seeds[0]
+        text += (f"\n\nOver training seeds {comparison.seeds} (this checkpoint is seed {seed}), mean "
                  "± std and range:\n\n| column | mean ± std | min - max |\n|---|---|---|\n" + "\n".join(
                      f"| {label} | {c['mean']:.3f} ± {c['std']:.3f} | {c['min']:.3f} - {c['max']:.3f} |"
                      for label, c in comparison.aggregate.items()))

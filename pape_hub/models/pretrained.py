@@ -38,6 +38,7 @@ from timm.models import get_pretrained_cfg
 from torch import nn
 
 from ..encodings.absolute import resample_table
+from .vit import init_prefix_token
 
 __all__ = ["SOURCES", "Conversion", "Source", "build_source", "convert_state_dict", "source_cfg", "transplant"]
 
@@ -312,11 +313,12 @@ def lookhere_head_order(config: dict[str, Any], encoding: nn.Module) -> list[int
     top-right, bottom-left (opposite views first, so that two heads still look both ways)."""
     from .lookhere_reference import official_heads
 
-    mismatched = [f"{name} {config.get(key)!r} (the model's {ours!r})" for name, key, ours in (
-        ("head directions", "head_directions", encoding.head_directions),
-        ("global slope", "global_slope", encoding.global_slope),
-        ("layer slopes", "layer_slopes", list(encoding.layer_slope_range)))
-        if (list(config.get(key)) if key == "layer_slopes" else config.get(key)) != ours]
+    given = dict(config, layer_slopes=list(config.get("layer_slopes") or []))  # a tuple or list in the file
+    ours = (("head directions", "head_directions", encoding.head_directions),
+            ("global slope", "global_slope", encoding.global_slope),
+            ("layer slopes", "layer_slopes", list(encoding.layer_slope_range)))
+    mismatched = [f"{name} {given.get(key)!r} (the model's {value!r})" for name, key, value in ours
+                  if given.get(key) != value]
     if mismatched:
         raise ValueError("the LookHere checkpoint's configuration differs from the model's encoding: "
                          + "; ".join(mismatched) + " - build the model with position_encoding_kwargs to match")
@@ -394,8 +396,8 @@ def _registers(out: dict[str, torch.Tensor], model: nn.Module, report: Conversio
         report.dropped.append("reg_token (register tokens; the model has none)")
     elif "reg_token" in own and "reg_token" not in out:
         value = own["reg_token"]
-        if value.is_meta:  # built on the meta device: a real tensor by the model's rule, N(0, 1e-6) as CLS
-            value = torch.empty(value.shape, dtype=value.dtype).normal_(std=1e-6)
+        if value.is_meta:  # built on the meta device: a real tensor by the model's own rule
+            value = init_prefix_token(torch.empty(value.shape, dtype=value.dtype))
         out["reg_token"] = value
         report.own_init.append("reg_token")
 

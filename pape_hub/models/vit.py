@@ -22,7 +22,7 @@ from ..encodings.base import EncodingContext, PositionEncoding, TokenPositions, 
 from ..encodings.catalog import check_encoding_kwargs, create_encoding
 from ..layers.attention import PositionalBlock
 
-__all__ = ["VisionTransformer", "init_module"]
+__all__ = ["VisionTransformer", "init_module", "init_prefix_token"]
 
 _POOL_TYPES = ("", "token", "avg", "max", "avgmax")
 
@@ -151,20 +151,21 @@ class VisionTransformer(nn.Module):
         """The constructor's init: the layers' own defaults (conv, LayerNorm, encodings), then timm's ViT init of
         the linears and tokens. Same distributions as :meth:`init_weights`; kept as its own sequence of random
         draws so that a seed gives the models it always gave."""
-        for token in (self.cls_token, self.reg_token):
-            if token is not None:
-                nn.init.normal_(token, std=1e-6)
+        self._init_prefix_tokens()
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear) and not name.startswith("pos_encoding"):
                 init_module(module)
         self._init_head()
 
     def init_self(self) -> None:
-        """This module's own tensors: CLS and registers ~ N(0, 1e-6), and the head rule below."""
+        """This module's own tensors: CLS and registers (:func:`init_prefix_token`), and the head rule below."""
+        self._init_prefix_tokens()
+        self._init_head()
+
+    def _init_prefix_tokens(self) -> None:
         for token in (self.cls_token, self.reg_token):
             if token is not None:
-                nn.init.normal_(token, std=1e-6)
-        self._init_head()
+                init_prefix_token(token)
 
     def _init_head(self) -> None:
         """With ``head_bias_init`` (PaPE's recipe: zero head weights, bias -log(num_classes)) the head starts at
@@ -371,6 +372,11 @@ class VisionTransformer(nn.Module):
             self.head_hidden_size = self.embed_dim
             self.reset_classifier(0, "")
         return take_indices
+
+
+def init_prefix_token(token: torch.Tensor) -> torch.Tensor:
+    """CLS and register tokens start near zero, N(0, 1e-6), as timm's ViT starts them."""
+    return nn.init.normal_(token, std=1e-6)
 
 
 @torch.no_grad()
