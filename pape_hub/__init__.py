@@ -8,6 +8,7 @@ once if it already is). The models need torch and timm only.
 
 from importlib import import_module
 from importlib.util import find_spec
+from pathlib import Path
 from typing import Any
 
 from .encodings import EncodingContext, PositionEncoding, TokenPositions, create_encoding, list_encodings
@@ -28,11 +29,17 @@ def _register_transformers_face() -> None:
 
 
 def _check_config_agreement(config: dict[str, Any], where: str = "config.json") -> None:
-    """timm's ``local-dir:`` / ``hf-hub:`` loads check that a folder's transformers fields describe the model its timm
-    fields do (the check needs transformers' config classes, imported on first use)."""
-    from .hf.configuration_pape_vit import check_config_agreement
+    """timm's ``local-dir:`` / ``hf-hub:`` loads check a folder's ``config.json`` before timm builds from it: sizes
+    within bounds, its transformers fields describing the model its timm fields do, and its weights file's tensor
+    shapes those of that model (the checks need transformers' config classes, imported on first use)."""
+    from .checkpoint import WEIGHTS, check_weights_shapes, warn_interrupted_save
+    from .hf.configuration_pape_vit import check_checkpoint_config
 
-    check_config_agreement(config, where)
+    check_checkpoint_config(config, where)
+    folder = Path(where).parent
+    if "architecture" in config and (folder / WEIGHTS).is_file():  # the weights timm is about to read
+        check_weights_shapes(config, folder / WEIGHTS, where)
+    warn_interrupted_save(folder)  # a local folder a save was interrupted in: say what loads
 
 
 if find_spec("transformers") is not None:

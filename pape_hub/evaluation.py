@@ -13,7 +13,7 @@ import torch
 from timm.data import create_transform
 from torch.utils.data import DataLoader
 
-from .checkpoint import load_checkpoint
+from .checkpoint import check_output_path, load_checkpoint, record_outputs
 from .data import (
     ARROW_TEST_SEED,
     DATASET_SPECS,
@@ -262,10 +262,12 @@ def save_evaluation(result: Evaluation, checkpoint: str | Path, output: str | Pa
     shows), or to ``output`` with the plot beside it as ``.png``. Returns (json, plot)."""
     from .card import PLOT_NAME
 
-    path = Path(output) if output else Path(checkpoint) / EVALUATION_FILE
-    plot = path.with_suffix(".png") if output else Path(checkpoint) / PLOT_NAME
+    path = check_output_path(output) if output else Path(checkpoint) / EVALUATION_FILE
+    plot = check_output_path(path.with_suffix(".png")) if output else Path(checkpoint) / PLOT_NAME
     write_json(result.to_dict(), path)
     plot_sweep_summary([result], plot, title=f"{result.architecture} ({result.encoding})")
+    if not output:
+        record_outputs(checkpoint, path.name, plot.name)  # a later save of the checkpoint may replace them
     return path, plot
 
 

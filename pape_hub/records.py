@@ -15,13 +15,14 @@ file written so far (older ones lack ``num_classes``; older checkpoint folders k
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 __all__ = ["COMPARISON_FILE", "EVALUATION_FILE", "Comparison", "ComparisonContext", "Evaluation", "SweepRow",
-           "git_commit", "read_evaluation"]
+           "chance_interval", "field_value", "git_commit", "read_evaluation", "read_record"]
 
 EVALUATION_FILE = "eval.json"
 COMPARISON_FILE = "comparison.json"
@@ -41,6 +42,49 @@ def git_commit() -> str:
         return "unknown"
 
 
+_NUMBER, _TEXT, _SIZE = (int, float), (str, type(None)), (int, str)
+
+
+def field_value(data: Any, key: str, kinds: type | tuple[type, ...], where: str, default: Any = ...) -> Any:
+    """``data[key]``, checked to be of ``kinds`` (a bool is no number), or one error naming the field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must be a JSON object, got {type(data).__name__}")
+    if key not in data:
+        if default is not ...:
+            return default
+        raise ValueError(f"{where}.{key} is missing")
+    value = data[key]
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+        raise ValueError(f"{where}.{key} must be {names}, got {json.dumps(value)[:60]}")
+    return value
+
+
+def list_of(data: Any, key: str, kinds: type | tuple[type, ...], where: str, default: Any = ...) -> list[Any]:
+    """``data[key]``, a JSON list whose every item is of ``kinds``."""
+    items = field_value(data, key, list, where, default)
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    for i, item in enumerate(items or []):
+        if not isinstance(item, kinds) or (isinstance(item, bool) and bool not in kinds):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise ValueError(f"{where}.{key}[{i}] must be {names}, got {json.dumps(item)[:60]}")
+    return items
+
+
+def read_record(path: str | Path, parse: Any) -> Any:
+    """A results file parsed by ``parse`` (a record's ``from_dict``): a file that is no JSON, or a field of the
+    wrong kind, is one error naming the file and the field."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except ValueError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from err
+    try:
+        return parse(data)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from err
+
+
 @dataclass(frozen=True)
 class SweepRow:
     """One pass over the test data at one size: accuracies, mean loss and the number of samples."""
@@ -56,10 +100,24 @@ class SweepRow:
     def is_pass(self, size: Any, interpolation: bool = False, patch_shuffle: bool = False) -> bool:
         return self.size == size and self.interpolation == interpolation and self.patch_shuffle == patch_shuffle
 
+    def __post_init__(self) -> None:
+        for name in ("top1", "top5"):  # an accuracy is a share: NaN, 57 or -1 is no measurement
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, _NUMBER) or not 0 <= value <= 1:
+                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+
     @classmethod
-    def from_dict(cls, row: dict[str, Any]) -> SweepRow:
-        return cls(row["size"], bool(row["interpolation"]), row["top1"], row["top5"], row["loss"], row["count"],
-                   bool(row.get("patch_shuffle")))
+    def from_dict(cls, row: dict[str, Any], where: str = "row") -> SweepRow:
+        values = [field_value(row, "size", _SIZE, where), field_value(row, "interpolation", bool, where),
+                  field_value(row, "top1", _NUMBER, where), field_value(row, "top5", _NUMBER, where),
+                  field_value(row, "loss", _NUMBER, where), field_value(row, "count", int, where),
+                  field_value(row, "patch_shuffle", bool, where, False)]
+        if values[5] < 0:
+            raise ValueError(f"{where}.count must not be negative, got {values[5]}")
+        try:
+            return cls(*values)
+        except ValueError as err:
+            raise ValueError(f"{where}.{err}") from None
 
     def to_dict(self) -> dict[str, Any]:
         head = dict(size=self.size, interpolation=self.interpolation)
@@ -103,16 +161,38 @@ class Evaluation:
         """The sweep's sizes in its own order (passes with shuffled patches aside)."""
         return list(dict.fromkeys(r.size for r in self.rows if not r.patch_shuffle))
 
+    def at_chance(self) -> tuple[SweepRow, tuple[float, float]] | None:
+        """The pass at the training size and chance's 95% interval, when its top-1 lies inside that interval (the
+        model learned nothing usable); None otherwise, or when the class count is not recorded."""
+        row = self.row(self.trained_at)
+        if row is None or not self.num_classes or not row.count:
+            return None
+        low, high = chance_interval(self.num_classes, row.count)
+        return (row, (low, high)) if low <= row.top1 <= high else None
+
+
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Evaluation:
-        return cls(rows=[SweepRow.from_dict(r) for r in data.get("rows", [])], seed=data.get("seed"),
-                   train=data.get("train"), **{k: data.get(k) for k in _FIELDS})
+    def from_dict(cls, data: dict[str, Any], where: str = "evaluation") -> Evaluation:
+        kinds = dict(num_classes=(int, type(None)), trained_at=(int, str, type(None)))
+        fields = {k: field_value(data, k, kinds.get(k, _TEXT), where, None) for k in _FIELDS}
+        rows = [SweepRow.from_dict(r, f"{where}.rows[{i}]")
+                for i, r in enumerate(field_value(data, "rows", list, where, []))]
+        return cls(rows=rows, seed=field_value(data, "seed", (int, type(None)), where, None),
+                   train=field_value(data, "train", (dict, type(None)), where, None), **fields)
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in _FIELDS if not (k == "num_classes" and self.num_classes is None)}
         out["rows"] = [r.to_dict() for r in self.rows]
         out.update({k: v for k, v in (("seed", self.seed), ("train", self.train)) if v is not None})
         return out
+
+
+def chance_interval(num_classes: int, count: int) -> tuple[float, float]:
+    """Where the top-1 of a model that guesses uniformly at random lands on ``count`` samples, 19 times in 20: the
+    normal approximation of the binomial, 1/K +- 1.96 sqrt(1/K (1 - 1/K) / count)."""
+    chance = 1.0 / num_classes
+    half = 1.96 * math.sqrt(chance * (1 - chance) / count)
+    return max(0.0, chance - half), min(1.0, chance + half)
 
 
 @dataclass
@@ -129,16 +209,24 @@ class ComparisonContext:
         path.write_text(json.dumps(dict(seeds=self.seeds, aggregate=self.aggregate, bench=self.bench), indent=2))
         return path
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "comparison context") -> ComparisonContext:
+        return cls(list_of(data, "seeds", int, where), field_value(data, "aggregate", (dict, type(None)), where, None),
+                   field_value(data, "bench", (dict, type(None)), where, None))
+
 
 def read_evaluation(folder: str | Path) -> tuple[Evaluation | None, ComparisonContext | None]:
-    """A checkpoint folder's evaluation and comparison context, each None where the folder has none."""
+    """A checkpoint folder's evaluation and comparison context, each None where the folder has none; a malformed file
+    is one error naming the file and the field."""
     folder = Path(folder)
-    data = json.loads((folder / EVALUATION_FILE).read_text()) if (folder / EVALUATION_FILE).exists() else None
-    context = json.loads((folder / COMPARISON_FILE).read_text()) if (folder / COMPARISON_FILE).exists() else None
-    if data is not None and context is None and "seeds" in data:  # written before the context had its own file
-        context = {k: data.get(k) for k in ("seeds", "aggregate", "bench")}
-    return (Evaluation.from_dict(data) if data is not None else None,
-            ComparisonContext(**context) if context else None)
+    evaluation, context = folder / EVALUATION_FILE, folder / COMPARISON_FILE
+    data = read_record(evaluation, lambda d: d) if evaluation.exists() else None
+    result = read_record(evaluation, Evaluation.from_dict) if data is not None else None
+    if context.exists():
+        return result, read_record(context, ComparisonContext.from_dict)
+    if isinstance(data, dict) and "seeds" in data:  # written before the context had its own file
+        return result, read_record(evaluation, ComparisonContext.from_dict)
+    return result, None
 
 
 #: a comparison's own fields, in the order ``summary.json`` has them after the facts
@@ -173,10 +261,16 @@ class Comparison:
         return [r for r in self.runs if r.encoding == encoding]
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Comparison:
-        fields = {k: data.get(k) for k in _COMPARISON_FIELDS}
-        fields["runs"] = [Evaluation.from_dict(run) for run in data["runs"]]
-        fields["failed"] = fields["failed"] or []
+    def from_dict(cls, data: dict[str, Any], where: str = "summary") -> Comparison:
+        fields = dict(sizes=list_of(data, "sizes", _SIZE, where), unit=field_value(data, "unit", str, where),
+                      seeds=list_of(data, "seeds", int, where), encodings=list_of(data, "encodings", str, where),
+                      failed=list_of(data, "failed", str, where, None) or [],
+                      aggregate=field_value(data, "aggregate", dict, where),
+                      hub=field_value(data, "hub", (dict, type(None)), where, None),
+                      wall_s=field_value(data, "wall_s", (int, type(None)), where, None),
+                      title=field_value(data, "title", _TEXT, where, None))
+        fields["runs"] = [Evaluation.from_dict(run, f"{where}.runs[{i}]")
+                          for i, run in enumerate(list_of(data, "runs", dict, where))]
         return cls(facts={k: v for k, v in data.items() if k not in _COMPARISON_FIELDS}, **fields)
 
     def to_dict(self) -> dict[str, Any]:

@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import pickle
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
@@ -54,6 +57,7 @@ from .data import (
     VideoTransform,
     build_data,
     channel_statistics,
+    check_splits,
     generated_task,
     is_video_spec,
 )
@@ -267,6 +271,42 @@ def seed_from(source: str, model: torch.nn.Module) -> str:
     return f"seeded from {source}: {transplant(weights, model).summary()}"
 
 
+def launched_processes() -> int | None:
+    """How many processes ``accelerate launch`` was asked for when it started this one with its simple launcher (it
+    sets MASTER_ADDR for several but starts one, and no WORLD_SIZE): the launcher's own ``--num_processes``, read
+    from its command line (2 or more where that cannot be read); None when not launched that way."""
+    if not os.environ.get("ACCELERATE_USE_CPU") or not os.environ.get("MASTER_ADDR") or os.environ.get("WORLD_SIZE"):
+        return None
+    try:
+        words = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return 2
+    for i, word in enumerate(words):
+        flag, _, value = word.partition("=")
+        if flag in ("--num_processes", "--num-processes"):
+            value = value or (words[i + 1] if i + 1 < len(words) else "")
+            return int(value) if value.isdigit() else 2
+    return 2
+
+
+def warn_if_launched_as_one(accelerator: Accelerator) -> None:
+    """Say so when ``accelerate launch --num_processes N`` started one process: on a machine without GPUs accelerate
+    starts N only with ``--multi_gpu`` (and ``--cpu``); the run goes on as one process."""
+    asked = launched_processes()
+    if asked and asked > 1 and accelerator.num_processes == 1:
+        print(f"warning: accelerate launch was asked for {asked} processes but started one (this is process 1 of 1):"
+              f" on a machine without GPUs, add --multi_gpu --cpu to the launch command for {asked} CPU processes "
+              "(ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes N ...); training continues "
+              "as one process", file=sys.stderr, flush=True)
+
+
+def seed_hub_id(source: str) -> str | None:
+    """The Hub repo a seed's weights come from (a converted entry's source), None for a local folder."""
+    from .models.pretrained import SOURCES, source_cfg
+
+    return source_cfg(source).get("hf_hub_id") if source in SOURCES else None
+
+
 def check_resume(cfg: TrainConfig, state_dir: Path) -> dict[str, Any]:
     """The saved trainer state, after checking the run can continue exactly as ``cfg`` describes."""
     path = state_dir / "trainer_state.json"
@@ -279,6 +319,7 @@ def check_resume(cfg: TrainConfig, state_dir: Path) -> dict[str, Any]:
     if not any(state_dir.glob(f"{RNG_STATE_NAME}*.pkl")):
         raise FileNotFoundError(f"cannot resume exactly: {state_dir} has no random-number state "
                                 f"({RNG_STATE_NAME}_*.pkl); the data order and augmentation would differ")
+    check_state_files(state_dir)
     now = asdict(cfg)
     changed = {k: (_saved_setting(saved["config"], k), now[k]) for k in RESUME_HPARAMS
                if _comparable(_saved_setting(saved["config"], k)) != _comparable(now[k])}
@@ -287,6 +328,25 @@ def check_resume(cfg: TrainConfig, state_dir: Path) -> dict[str, Any]:
         raise ValueError(f"cannot resume {state_dir} with other hyper-parameters ({listing}); pass the saved values, "
                          "or --allow-changed-hparams to continue with the new ones")
     return saved
+
+
+def check_state_files(state_dir: Path) -> None:
+    """Read every file of a saved training state as accelerate will (``weights_only``: no code runs from them), so
+    that a truncated or corrupt one is named now: accelerate itself skips random-number states it cannot read and
+    would resume silently with another data order."""
+    from accelerate.utils import load as accelerate_load
+    from safetensors import SafetensorError, safe_open
+
+    for path in sorted(state_dir.iterdir()):
+        try:
+            if path.suffix == ".safetensors":
+                with safe_open(str(path), "pt") as fh:
+                    [fh.get_slice(k) for k in fh.keys()]
+            elif path.suffix in (".pkl", ".bin", ".pt"):
+                accelerate_load(path, map_location="cpu")
+        except (OSError, RuntimeError, ValueError, EOFError, SafetensorError, pickle.UnpicklingError) as err:
+            raise ValueError(f"cannot resume: {path} is truncated or corrupt ({type(err).__name__}: "
+                             f"{str(err)[:200]}); resume from an intact copy, or start again") from err
 
 
 def _saved_setting(config: dict[str, Any], name: str) -> Any:
@@ -447,6 +507,7 @@ def train(cfg: TrainConfig, on_epoch: Callable[[dict[str, Any]], None] | None = 
         # matters; the setting is process-wide, which is why the training entry point, not the model, sets it.
         torch.set_flush_denormal(True)
     set_seed(cfg.seed)
+    warn_if_launched_as_one(accelerator)
     run = build_run(cfg, accelerator)
     lock = claim_output_dir(cfg, accelerator.is_main_process)
     try:
@@ -514,6 +575,7 @@ def build_run(cfg: TrainConfig, accelerator: Accelerator) -> Run:
                       train_transform=train_tf, eval_transform=eval_tf, image_column=cfg.image_column,
                       label_column=cfg.label_column, channels=channels, normalize=(mean, std),
                       motion_config=motion_cfg, num_frames=num_frames or 16)
+    check_splits(data)  # a broken file is named now, not after an epoch of training
     num_classes = len(data.classes)
     generator = torch.Generator().manual_seed(cfg.seed)
     train_loader = DataLoader(data.train, batch_size=cfg.batch_size, shuffle=True, drop_last=True,
@@ -554,6 +616,8 @@ def build_run(cfg: TrainConfig, accelerator: Accelerator) -> Run:
     data_config = dict(input_size=(channels, img_size, img_size), mean=mean, std=std)
     facts = dict(dataset=data.description, model=cfg.model, model_kwargs=cfg.model_kwargs, seed=cfg.seed,
                  recipe=recipe_summary(cfg))
+    if cfg.init_from:  # where the weights started: a public checkpoint's Hub id is the card's base_model
+        facts["seeded_from"] = seed_hub_id(cfg.init_from)
     return Run(data, model, optimizer, scheduler, criterion, mixup, train_loader, val_loader, test_loader,
                steps_per_epoch, data_config, facts)
 
@@ -654,8 +718,9 @@ def save_epoch(cfg: TrainConfig, accelerator: Accelerator, run: Run, record: dic
             save_checkpoint(unwrapped, out / "best", **kwargs,
                             extra={**run.facts, "epoch": epoch, "val_top1": record["val_top1"]})
         save_checkpoint(unwrapped, out / "last", **kwargs, extra={**run.facts, "epoch": epoch})
-        with open(out / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        # the whole file from the history the state holds: a run resumed after a kill or a failed save never repeats
+        # an epoch's line
+        atomic_write(out / "metrics.jsonl", lambda p: p.write_text("".join(json.dumps(h) + "\n" for h in history)))
         if not cfg.quiet:
             print(f"epoch {epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}, "
                   f"val top-1 {record['val_top1']:.4f}, {record['elapsed_s']}s", flush=True)
@@ -665,7 +730,11 @@ def save_epoch(cfg: TrainConfig, accelerator: Accelerator, run: Run, record: dic
     # full training state: written to a temporary folder, then swapped in once every process has written its part
     # (each writes its own random-number state; the swap must not move the folder from under a slower one)
     tmp_state = out / ".state.tmp"
-    accelerator.save_state(str(tmp_state))
+    try:
+        accelerator.save_state(str(tmp_state))
+    except OSError as err:  # a full disk, a quota: the previous state/ was not touched
+        raise OSError(f"could not write the training state of epoch {epoch + 1} to {tmp_state} ({err}); the state "
+                      f"of the previous epoch in {out / 'state'} is intact: free space, then --resume {out}") from err
     accelerator.wait_for_everyone()
     if main:
         trainer_state = dict(epoch=epoch, step=(epoch + 1) * run.steps_per_epoch, best=best, history=history,

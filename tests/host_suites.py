@@ -60,10 +60,12 @@ TRANSFORMERS_STUBS = {
 
 
 def transformers_suite_package(where: Path) -> Path:
-    """A package ``where/hostsuite`` holding transformers' ``test_modeling_common.py`` and
-    ``test_configuration_common.py`` (from the installed version's sdist), the stubs above, and this repository's
-    model testers as ``test_pape_models.py``. Raises RuntimeError if the sdist cannot be downloaded."""
-    members = ["tests/test_modeling_common.py", "tests/test_configuration_common.py"]
+    """A package ``where/hostsuite`` holding transformers' ``test_modeling_common.py``,
+    ``test_configuration_common.py`` and ``test_backbone_common.py`` (from the installed version's sdist), the stubs
+    above, and this repository's model testers as ``test_pape_models.py``. Raises RuntimeError if the sdist cannot
+    be downloaded."""
+    members = ["tests/test_modeling_common.py", "tests/test_configuration_common.py",
+               "tests/test_backbone_common.py"]
     suite = fetch_suite("transformers", members)
     package = where / "hostsuite"
     package.mkdir(parents=True, exist_ok=True)
@@ -91,7 +93,8 @@ def expected_transformers_failure(test_id: str) -> bool:
     """Whether ``Class::test`` of ``host_transformers_models.py`` is listed above for its encoding."""
     cls, test = test_id.split("::")
     encodings, _ = EXPECTED_TRANSFORMERS_FAILURES.get(test, (set(), ""))
-    return encodings is None or cls.split("_", 1)[1].removesuffix("_ModelTest") in encodings
+    return encodings is None or cls.split("_", 1)[1].removesuffix("_ModelTest").removesuffix("_BackboneTest") \
+        in encodings
 
 
 def transformers_test_classes() -> list[str]:
@@ -101,7 +104,8 @@ def transformers_test_classes() -> list[str]:
     from pape_hub.encodings import encoding_class
 
     return [f"PapeVi{'Vi' if video else ''}T_{e}_ModelTest" for e in pape_hub.list_encodings()
-            for video in (False, True) if not video or 3 in encoding_class(e)[0].supported_ndims]
+            for video in (False, True) if not video or 3 in encoding_class(e)[0].supported_ndims] + \
+        [f"PapeViT_{e}_BackboneTest" for e in pape_hub.list_encodings()]
 
 
 def run_transformers_suite(where: Path, selection: list[str]) -> tuple[int, list[str], str]:

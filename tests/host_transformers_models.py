@@ -17,6 +17,7 @@ from transformers.models.auto import modeling_auto
 import pape_hub  # noqa: F401 - registers the classes with the Auto mappings
 from pape_hub.encodings import encoding_class
 from pape_hub.hf import (
+    PapeViTBackbone,
     PapeViTConfig,
     PapeViTForImageClassification,
     PapeViTModel,
@@ -25,6 +26,7 @@ from pape_hub.hf import (
     PapeViViTModel,
 )
 
+from .test_backbone_common import BackboneTesterMixin
 from .test_configuration_common import ConfigTester
 from .test_modeling_common import ModelTesterMixin, floats_tensor, ids_tensor
 
@@ -122,6 +124,28 @@ class PapeModelTestBase(ModelTesterMixin):
         self.assertEqual(logits.logits.shape, (batch, self.model_tester.type_sequence_label_size))
 
 
+class PapeBackboneTestBase(BackboneTesterMixin):
+    """transformers' own backbone tests (``BackboneTesterMixin``, as DINOv2's and ViTDet's backbones run them) on
+    ``PapeViTBackbone``: out_features / out_indices, channels, feature maps, save and load."""
+
+    encoding = "ape"
+    config_class = PapeViTConfig
+    all_model_classes = (PapeViTBackbone,)
+    has_attentions = True
+
+    def setUp(self) -> None:
+        self.model_tester = PapeModelTester(self, self.encoding, video=False)
+
+    def test_feature_maps_are_grids_of_the_hidden_size(self) -> None:
+        config, inputs = self.model_tester.prepare_config_and_inputs_for_common()
+        config.out_indices = [0, 1, 2]
+        model = PapeViTBackbone(config).eval()
+        with torch.no_grad():
+            maps = model(**inputs).feature_maps
+        grid = self.model_tester.image_size // self.model_tester.patch_size
+        self.assertEqual([tuple(m.shape) for m in maps], [(self.model_tester.batch_size, 32, grid, grid)] * 3)
+
+
 def _test_class(encoding: str, video: bool) -> type:
     classes = (PapeViViTModel, PapeViViTForVideoClassification) if video else (PapeViTModel,
                                                                                PapeViTForImageClassification)
@@ -131,6 +155,9 @@ def _test_class(encoding: str, video: bool) -> type:
 
 
 for _encoding in PAPE_ENCODINGS:
+    _cls = type(f"PapeViT_{_encoding}_BackboneTest", (PapeBackboneTestBase, unittest.TestCase),
+                dict(encoding=_encoding))
+    globals()[_cls.__name__] = _cls
     for _video in (False, True):
         if _video and 3 not in encoding_class(_encoding)[0].supported_ndims:  # e.g. LookHere: images only
             continue

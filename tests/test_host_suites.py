@@ -42,7 +42,8 @@ def test_transformers_model_suite_on_every_encoding_class(tmp_path):
     try:
         names = one_name_per_encoding_class()
         classes = [f"PapeViT_{e}_ModelTest" for e in names if e != "pape"] + ["PapeViViT_pape_ModelTest"]
-        selection = ["PapeViT_pape_ModelTest"] + [f"{c}::{t}" for c in classes for t in ENCODING_TESTS]
+        selection = ["PapeViT_pape_ModelTest", "PapeViT_pape_BackboneTest", "PapeViT_rope_mixed_BackboneTest"] + [
+            f"{c}::{t}" for c in classes for t in ENCODING_TESTS]
         passed, failed, out = run_transformers_suite(tmp_path, selection)
     except RuntimeError as err:
         pytest.skip(str(err))

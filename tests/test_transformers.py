@@ -151,8 +151,7 @@ def test_one_folder_loads_from_both_faces(tmp_path):
     timm_to_transformers(timm_model, ["a", "b", "c"]).save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == "pape_vit" and config["architecture"] == "vit_t4_pape"
-    assert set(config["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForImageClassification",
-                                       "AutoImageProcessor"}
+    assert set(config["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForImageClassification", "AutoBackbone"}
     assert config["label_names"] == ["a", "b", "c"]
     via_timm = timm.create_model(f"local-dir:{tmp_path}", pretrained=True).eval()
     via_hf = AutoModelForImageClassification.from_pretrained(tmp_path).eval()
@@ -167,13 +166,18 @@ def test_image_processor_registered_and_saved(tmp_path):
     processor.save_pretrained(tmp_path)
     PapeViTForImageClassification(config).save_pretrained(tmp_path)  # config.json with timm's fields too
     loaded = AutoImageProcessor.from_pretrained(tmp_path)
-    assert isinstance(loaded, PapeViTImageProcessor) and loaded.size["height"] == 32
+    assert type(loaded).__name__ == "ViTImageProcessor" and loaded.size["height"] == 32 and loaded.resample == 3
     saved = json.loads((tmp_path / "preprocessor_config.json").read_text())
-    # the remote-code pointer lives in config.json only: one in the processor config makes transformers' video
-    # fallback ask "run custom code? [y/N]" in image pipelines
-    assert "auto_map" not in saved
+    # transformers' own processor: every client loads it from a folder or a Hub id, with or without pape_hub, and
+    # no remote-code pointer makes transformers' video fallback ask "run custom code? [y/N]" in image pipelines
+    assert saved["image_processor_type"] == "ViTImageProcessor" and "auto_map" not in saved
     model_config = json.loads((tmp_path / "config.json").read_text())
-    assert model_config["auto_map"]["AutoImageProcessor"] == "image_processing_pape_vit.PapeViTImageProcessor"
+    assert model_config["image_processor_type"] == "ViTImageProcessor"
+    assert "AutoImageProcessor" not in model_config["auto_map"]
+    legacy = PapeViTImageProcessor(size={"height": 32, "width": 32})  # the name folders saved before 0.2 give
+    legacy.save_pretrained(tmp_path / "legacy")
+    PapeViTForImageClassification(config).save_pretrained(tmp_path / "legacy")
+    assert type(AutoImageProcessor.from_pretrained(tmp_path / "legacy")).__name__ == "ViTImageProcessor"
 
 
 def test_pipelines_never_prompt_for_custom_code(tmp_path, monkeypatch):
@@ -222,7 +226,7 @@ def test_loads_without_pape_hub_via_remote_code(tmp_path):
         assert type(model).__module__.startswith("transformers_modules")
         assert AutoModel.from_pretrained(path, trust_remote_code=True)(x).pooler_output.shape == (2, 32)
         processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=True)
-        assert type(processor).__name__ == "PapeViTImageProcessor"
+        assert type(processor).__name__ == "ViTImageProcessor"
         model.save_pretrained(path + "_again")  # a remote copy saves a loadable folder too
         again = AutoModelForImageClassification.from_pretrained(path + "_again", trust_remote_code=True).eval()
         with torch.no_grad():

@@ -141,8 +141,9 @@ def publish(summary: Comparison, hub: Any, cards_dir: Path | None) -> dict[str, 
     by repo id from both faces (bit-identical logits to the local folder, checked in a fresh process). The cards
     are also written to ``cards_dir`` (the repository's ``model_cards/``)."""
     from ..card import PLOT_NAME, card_from_folder
+    from ..checkpoint import record_outputs
     from ..evaluation import plot_sweep_summary, write_json
-    from ..records import EVALUATION_FILE, ComparisonContext
+    from ..records import COMPARISON_FILE, EVALUATION_FILE, ComparisonContext
 
     first_seed = summary.seeds[0]
     bench_file = Path("results") / "bench_vit_b16_224_cpu.json"  # the encodings' speed at ViT-B, if measured
@@ -157,6 +158,7 @@ def publish(summary: Comparison, hub: Any, cards_dir: Path | None) -> dict[str, 
         plot_sweep_summary([result], checkpoint / PLOT_NAME, title=f"{enc}, trained on grid {summary.sizes[0]}")
         write_json(result.to_dict(), checkpoint / EVALUATION_FILE)  # this run's evaluation, as the comparison has it
         ComparisonContext(summary.seeds, summary.aggregate.get(enc), bench).write(checkpoint)
+        record_outputs(checkpoint, PLOT_NAME, EVALUATION_FILE, COMPARISON_FILE)
         card_from_folder(checkpoint, repo_id=f"{hub.namespace}/{name}")
         if cards_dir is not None:
             cards_dir.mkdir(parents=True, exist_ok=True)

@@ -25,8 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..card import card_from_folder
+    from ..checkpoint import record_outputs
     from ..hub import check_checkpoint_dir
-    from ..records import EVALUATION_FILE, ComparisonContext, read_evaluation
+    from ..records import COMPARISON_FILE, EVALUATION_FILE, ComparisonContext, read_evaluation
 
     folder = Path(args.checkpoint)
     check_checkpoint_dir(folder)
@@ -37,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         comparison = comparison or ComparisonContext(seeds=[])
         comparison.bench = json.loads(Path(args.bench).read_text())
         comparison.write(folder)
+        record_outputs(folder, COMPARISON_FILE)
     path = card_from_folder(folder, repo_id=args.repo_id, path=args.output)
     print(f"wrote {path}")
     return 0

@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                         help="a model constructor argument for source and copy alike (JSON value), e.g. depth=2")
     parser.add_argument("--no-verify", action="store_true", help="skip the comparison with the source's own code")
+    parser.add_argument("--overwrite", action="store_true", help="write into an existing folder that holds other "
+                        "files too, replacing only files pape_hub wrote there (a checkpoint pape_hub wrote is always "
+                        "replaced whole)")
 
 
 def label_names(num_classes: int) -> list[str] | None:
@@ -47,11 +50,12 @@ def run(args: argparse.Namespace) -> int:
     import timm
 
     from ..card import write_model_card
-    from ..checkpoint import save_checkpoint
+    from ..checkpoint import check_checkpoint_target, save_checkpoint
     from ..models.pretrained import SOURCES, compare_with_source, files_overlay
 
     if args.source not in SOURCES:
         raise ValueError(f"{args.source!r} is not a converted public checkpoint; one of: {', '.join(SOURCES)}")
+    check_checkpoint_target(args.output, args.overwrite)  # before downloading anything
     kwargs = dict(args.set)  # describes the source's files too (a small test copy's size and head)
     model = timm.create_model(args.source, pretrained=True, pretrained_cfg_overlay=files_overlay(kwargs),
                               **kwargs).eval()
@@ -63,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                           reported=SOURCES[args.source].reported or None)
     # the source's mean, std, crop and interpolation travel in the model's pretrained cfg, which the save writes
     out = save_checkpoint(model, Path(args.output), label_names=label_names(model.num_classes),
-                          extra=dict(converted_from=converted_from))
+                          extra=dict(converted_from=converted_from), overwrite=args.overwrite)
     write_model_card(out)
     difference = (f"; logits differ from the source's by at most {check['max_abs_diff_float32']:.2e} (float32), "
                   f"{check['max_abs_diff_float64']:.2e} (float64)" if check else "")

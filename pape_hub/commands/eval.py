@@ -11,7 +11,9 @@ Examples:
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from ..checkpoint import check_output_path
 from ..data import DATASET_SPECS
 from ..evaluation import evaluate_checkpoint, resolve_eval_target, save_evaluation
 
@@ -46,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # subnormal floats are slow on CPU and change no prediction (see training.py)
+    if args.output:  # before the evaluation: never over a checkpoint's own files
+        check_output_path(args.output)
+        check_output_path(Path(args.output).with_suffix(".png"), "--output's plot")
     checkpoint, dataset = resolve_eval_target(args.checkpoint, args.dataset)
     result = evaluate_checkpoint(checkpoint, dataset, sizes=ints(args.sizes),
                                  resolutions=ints(args.resolutions), interpolation=args.interpolation,

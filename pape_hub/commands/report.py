@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..records import Comparison, Evaluation
+from ..records import Comparison, Evaluation, read_record
 
 ROOT = Path(__file__).resolve().parents[2]
 _BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", flags=re.DOTALL)
@@ -36,13 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load(results: Path, name: str) -> dict[str, Any] | None:
     path = results / name
-    return json.loads(path.read_text()) if path.exists() else None
+    return read_record(path, lambda data: data) if path.exists() else None
 
 
 def load_comparison(results: Path, name: str) -> Comparison | None:
-    """``results/NAME/summary.json`` as a record, None if not measured yet."""
-    data = load(results, f"{name}/summary.json")
-    return Comparison.from_dict(data) if data is not None else None
+    """``results/NAME/summary.json`` as a record, None if not measured yet (a malformed one is named)."""
+    path = results / name / "summary.json"
+    return read_record(path, Comparison.from_dict) if path.exists() else None
 
 
 def provenance_line(data: dict[str, Any] | Comparison) -> str:
@@ -345,12 +345,45 @@ def stale_results(results: Path) -> list[str]:
     return problems
 
 
-def render(readme: str, results: Path) -> str:
+_MARKER = re.compile(r"<!-- (end )?generated: (\S*) -->")
+
+
+def check_markers(readme: str, where: str = "README.md") -> None:
+    """Refuse, by line number, generated blocks whose markers do not pair up (a start without its end, an end
+    without its start, a block opened inside another, a name used twice): rendering them would replace the
+    hand-written text up to some other marker."""
+    open_at: tuple[str, int] | None = None
+    seen: dict[str, int] = {}
+    for number, line in enumerate(readme.splitlines(), start=1):
+        for match in _MARKER.finditer(line):
+            end, name = bool(match.group(1)), match.group(2)
+            if not end and open_at:
+                raise ValueError(f"{where} line {number}: block {name!r} starts inside block {open_at[0]!r} "
+                                 f"(line {open_at[1]}), whose end marker is missing")
+            if not end and name in seen:
+                raise ValueError(f"{where} line {number}: block {name!r} appears twice (also at line {seen[name]})")
+            if end and (not open_at or open_at[0] != name):
+                raise ValueError(f"{where} line {number}: an end marker of block {name!r} without its start")
+            open_at, seen[name] = (None if end else (name, number)), seen.get(name, number)
+    if open_at:
+        raise ValueError(f"{where} line {open_at[1]}: block {open_at[0]!r} has no end marker "
+                         f"(<!-- end generated: {open_at[0]} -->); nothing was rewritten")
+
+
+def escape_markup(text: str) -> str:
+    """A rendered block with every ``<`` that could open a tag or a comment escaped: a label or value read from a
+    results file can then never add a marker or raw HTML to the page (``< 1 s`` stays as it is)."""
+    return re.sub(r"<(?=[!/?A-Za-z])", "&lt;", text)
+
+
+def render(readme: str, results: Path, where: str = "README.md") -> str:
+    check_markers(readme, where)
+
     def replace(match: re.Match) -> str:
         name = match.group(2)
         if name not in BLOCKS:
             raise ValueError(f"README names an unknown generated block {name!r}; known: {sorted(BLOCKS)}")
-        return match.group(1) + BLOCKS[name][1](results) + match.group(4)
+        return match.group(1) + escape_markup(BLOCKS[name][1](results)) + match.group(4)
 
     return _BLOCK.sub(replace, readme)
 
@@ -372,7 +405,7 @@ def redraw_plots(results: Path) -> None:
     from ..experiment import plot_results
 
     for path in sorted(results.glob("*/summary.json")):
-        summary = Comparison.from_dict(json.loads(path.read_text()))
+        summary = read_record(path, Comparison.from_dict)
         if summary.runs:
             plot_results(summary, path.parent)
 

@@ -17,6 +17,7 @@ from .arrows import DIRECTIONS, ArrowConfig, ArrowDataset, arrow_statistics, pap
 from .images import (
     TransformedDataset,
     channel_statistics,
+    check_readable,
     load_cifar,
     load_digits,
     load_hf,
@@ -37,7 +38,8 @@ from .video import (
 __all__ = [
     "ARROW_TEST_SEED", "ARROW_VAL_SEED", "ArrowConfig", "ArrowDataset", "DATASET_SPECS", "DIGITS_INPUT", "DIRECTIONS",
     "DataBundle", "GENERATED_TASKS", "GeneratedTask", "MotionConfig", "MotionDataset", "TransformedDataset",
-    "VIDEO_SPECS", "VideoTransform", "arrow_statistics", "build_data", "channel_statistics", "describe_spec",
+    "VIDEO_SPECS", "VideoTransform", "arrow_statistics", "build_data", "channel_statistics", "check_splits",
+    "describe_spec",
     "generated_task", "is_video_spec", "motion_statistics", "paper_setting", "read_video", "stratified_split",
 ]
 
@@ -69,8 +71,10 @@ def describe_spec(spec: str) -> str:
     """The spec as recorded in checkpoints and cards: a local path is reduced to its folder name (an absolute path
     says nothing to another machine and may say too much about this one)."""
     kind, _, arg = spec.partition(":")
-    if kind in ("imagefolder", "cifar", "videofolder") or (kind == "hf" and arg and Path(arg).exists()):
+    if kind in ("imagefolder", "cifar", "videofolder"):
         return f"{kind}:{Path(arg.rstrip('/')).name}"
+    if kind == "hf" and arg and Path(arg).exists():  # a save_to_disk folder: not a Hub id, so not written as one
+        return f"hf-disk:{Path(arg.rstrip('/')).name}"
     return spec
 
 
@@ -122,3 +126,12 @@ def build_data(spec: str, *, img_size: int, seed: int = 0, val_fraction: float =
                       dict(spec=describe_spec(spec), train=len(train_idx), val=len(val_idx),
                            test=len(test) if test else 0))
 
+
+
+def check_splits(data: DataBundle) -> None:
+    """Before training: every validation and test sample decoded (they are scored after each epoch, so a broken file
+    there would stop the run only after an epoch of work), and every training file's header opened; one error names
+    the first unreadable file. A training image broken past its header stops the run at that image, naming it."""
+    for split, full in ((data.val, True), (data.test, True), (data.train, False)):
+        if split is not None:
+            check_readable(split, full)

@@ -19,29 +19,42 @@ from PIL import Image
 from torch.utils.data import Dataset, Subset
 
 __all__ = [
-    "TransformedDataset", "channel_statistics", "load_cifar", "load_digits", "load_hf", "load_imagefolder",
-    "stratified_split",
+    "TransformedDataset", "channel_statistics", "check_readable", "load_cifar", "load_digits", "load_hf",
+    "load_imagefolder", "scan_class_folders", "stratified_split", "walk_files",
 ]
 
 IMAGE_MODES = {1: "L", 3: "RGB"}
 
 
+#: what a broken or hostile image file raises while it is read (PIL's SyntaxError: a malformed header)
+UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError, EOFError)
+
+
 class TransformedDataset(Dataset):
     """(image, label) pairs from ``get(i)``: the image converted to ``channels`` (1 = grey, 3 = RGB), then
-    ``transform`` applied."""
+    ``transform`` applied. ``source(i)`` names where sample ``i`` comes from (a file), for errors."""
 
     def __init__(self, length: int, get: Callable[[int], tuple[Any, int]], classes: list[str],
-                 transform: Callable | None = None, labels: Sequence[int] | None = None, channels: int = 3) -> None:
+                 transform: Callable | None = None, labels: Sequence[int] | None = None, channels: int = 3,
+                 source: Callable[[int], str] | None = None) -> None:
         if channels not in IMAGE_MODES:
             raise ValueError(f"images can be read with 1 (grey) or 3 (RGB) channels, not {channels}")
         self.length, self.get, self.classes, self.transform = length, get, classes, transform
-        self.labels, self.channels = labels, channels
+        self.labels, self.channels, self.source = labels, channels, source
 
     def __len__(self) -> int:
         return self.length
 
+    def read(self, index: int) -> tuple[Any, int]:
+        """Sample ``index`` as stored (decoded, not transformed); one error naming its file if it cannot be read."""
+        try:
+            return self.get(index)
+        except UNREADABLE as err:
+            where = self.source(index) if self.source else f"sample {index}"
+            raise ValueError(f"cannot read {where}: {err}") from err
+
     def __getitem__(self, index: int) -> tuple[Any, int]:
-        image, label = self.get(index)
+        image, label = self.read(index)
         if not isinstance(image, Image.Image):
             image = Image.fromarray(np.asarray(image))
         image = to_8bit(image).convert(IMAGE_MODES[self.channels])
@@ -49,7 +62,28 @@ class TransformedDataset(Dataset):
 
     def with_transform(self, transform: Callable | None, channels: int | None = None) -> TransformedDataset:
         return TransformedDataset(self.length, self.get, self.classes, transform, self.labels,
-                                  self.channels if channels is None else channels)
+                                  self.channels if channels is None else channels, self.source)
+
+    def check(self, index: int, full: bool = True) -> None:
+        """Raise, naming the file, if sample ``index`` cannot be read: decoded in full, or (``full=False``, for a
+        large training split) only its file's header."""
+        if full:
+            self.read(index)
+        elif self.source is not None:
+            path = self.source(index)
+            try:
+                Image.open(path).close()
+            except UNREADABLE as err:
+                raise ValueError(f"cannot read image {path}: {type(err).__name__}: {err}") from err
+
+
+def check_readable(dataset: Dataset, full: bool = True) -> None:
+    """Check every sample of a split (:meth:`TransformedDataset.check`); generated datasets have no files."""
+    base, indices = (dataset.dataset, dataset.indices) if isinstance(dataset, Subset) else (dataset, None)
+    if not isinstance(base, TransformedDataset):
+        return
+    for index in indices if indices is not None else range(len(base)):
+        base.check(int(index), full)
 
 
 #: Pillow's modes of more than 8 bits per sample, with the largest value each can hold
@@ -67,11 +101,15 @@ def to_8bit(image: Image.Image) -> Image.Image:
     return Image.fromarray(np.clip(np.rint(values * (255.0 / top)), 0, 255).astype(np.uint8), mode="L")
 
 
-def open_image(path: str) -> Image.Image:
-    """An image file in its own mode (torchvision's loader converts to RGB first, which clips 16-bit images)."""
-    with open(path, "rb") as fh:
-        image = Image.open(fh)
-        image.load()
+def open_image(path: str | Path) -> Image.Image:
+    """An image file in its own mode (torchvision's loader converts to RGB first, which clips 16-bit images); a
+    truncated file, a decompression bomb or a file that is no image raises one error naming the file."""
+    try:
+        with open(path, "rb") as fh:
+            image = Image.open(fh)
+            image.load()
+    except UNREADABLE as err:
+        raise ValueError(f"cannot read image {path}: {type(err).__name__}: {err}") from err
     return image
 
 
@@ -135,24 +173,67 @@ def class_folder_splits(root: str | Path, what: str, item: str) -> tuple[Path, P
     return train_dir, test_dir
 
 
+def walk_files(folder: Path, suffixes: tuple[str, ...], seen_dirs: set[Path], seen_files: dict[Path, Path]
+               ) -> list[Path]:
+    """Files with ``suffixes`` (any case) below ``folder``, following links to folders once: a folder reached a
+    second time (a link cycle, or two links to one folder) and a file reached twice are refused by name, since each
+    would repeat samples and could put one image in two splits. Sorted as torchvision's ImageFolder sorts them."""
+    found, stack = [], [folder]
+    while stack:
+        current = stack.pop()
+        real = current.resolve()
+        if real in seen_dirs:
+            raise ValueError(f"{current} leads to {real}, a folder already scanned (a link cycle or a second link to "
+                             "it): each image must be reachable once; remove the link")
+        seen_dirs.add(real)
+        for entry in sorted(current.iterdir()):
+            if entry.is_dir():
+                stack.append(entry)
+            elif entry.is_file() and entry.suffix.lower() in suffixes:
+                target = entry.resolve()
+                if target in seen_files:
+                    raise ValueError(f"{entry} and {seen_files[target]} are the same file ({target}): an image "
+                                     "counted twice, possibly in two splits or classes; remove one of them")
+                seen_files[target] = entry
+                found.append(entry)
+    return sorted(found, key=lambda f: (str(f.parent), f.name))
+
+
+def scan_class_folders(folder: Path, suffixes: tuple[str, ...], item: str, classes: list[str] | None = None,
+                       seen: tuple[set[Path], dict[Path, Path]] | None = None) -> tuple[list[Path], list[int],
+                                                                                        list[str]]:
+    """(files, labels, classes) of ``folder/<class>/...``; ``classes``: the training split's, which a test split must
+    have too; ``seen``: folders and files already scanned (the other split's), never scanned twice."""
+    found = sorted(d.name for d in folder.iterdir() if d.is_dir())
+    classes = classes or found
+    if not classes or found != classes:
+        raise FileNotFoundError(f"{folder} must hold one folder per class ({classes or 'none found'}), got {found}")
+    seen_dirs, seen_files = seen if seen is not None else (set(), {})
+    files, labels = [], []
+    for label, name in enumerate(classes):
+        members = walk_files(folder / name, suffixes, seen_dirs, seen_files)
+        files += members
+        labels += [label] * len(members)
+    if not files:
+        raise FileNotFoundError(f"no {item} files ({', '.join(suffixes)}) in the class folders of {folder}")
+    return files, labels, classes
+
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # torchvision's
+
+
 def load_imagefolder(root: str | Path) -> tuple[TransformedDataset, TransformedDataset | None, list[str]]:
     """``root/train/<class>/*`` (and optionally ``root/test|val/<class>/*``), or ``root/<class>/*``."""
-    from torchvision.datasets import ImageFolder
-
     train_dir, test_dir = class_folder_splits(root, "image folder", "image")
+    seen: tuple[set[Path], dict[Path, Path]] = (set(), {})  # one image is in one split only
 
-    def wrap(folder: Path) -> TransformedDataset:
-        try:
-            tv = ImageFolder(str(folder), loader=open_image)
-        except (FileNotFoundError, RuntimeError) as err:
-            raise FileNotFoundError(f"no class folders with images under {folder}: {err}") from err
-        return TransformedDataset(len(tv), lambda i: (tv.loader(tv.samples[i][0]), tv.samples[i][1]), tv.classes,
-                                  labels=tv.targets)
+    def wrap(folder: Path, classes: list[str] | None = None) -> TransformedDataset:
+        files, labels, classes = scan_class_folders(folder, IMAGE_SUFFIXES, "image", classes, seen)
+        return TransformedDataset(len(files), lambda i: (open_image(files[i]), labels[i]), classes, labels=labels,
+                                  source=lambda i: str(files[i]))
 
     train = wrap(train_dir)
-    test = wrap(test_dir) if test_dir else None
-    if test is not None and test.classes != train.classes:
-        raise ValueError(f"class folders differ between {train_dir} and {test_dir}")
+    test = wrap(test_dir, train.classes) if test_dir else None
     return train, test, train.classes
 
 
@@ -188,8 +269,43 @@ def load_hf(name: str, image_column: str = "image", label_column: str = "label",
     return wrap(train_split), (wrap(test_split) if test_split in data else None), classes
 
 
+class CifarUnpickler(pickle.Unpickler):
+    """An unpickler that admits only what CIFAR's python batches hold: dicts, lists, bytes, str, ints and numpy
+    arrays. Any other global (a ``__reduce__`` calling ``os.system``, say) is refused by name before it runs."""
+
+    ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
+               ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.numeric", "_frombuffer"),
+               ("numpy._core.numeric", "_frombuffer"), ("numpy.core.multiarray", "scalar"),
+               ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"it refers to {module}.{name}, which a CIFAR batch never holds (only "
+                                         "dicts, lists, bytes, strings, numbers and numpy arrays); not loaded")
+        return super().find_class(module, name)
+
+
+def read_cifar_pickle(path: Path) -> dict[bytes, Any]:
+    """One CIFAR python pickle, read with :class:`CifarUnpickler`, checked to be a dict with bytes keys."""
+    try:
+        with open(path, "rb") as fh:
+            batch = CifarUnpickler(fh, encoding="bytes").load()
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as err:
+        raise ValueError(f"cannot read CIFAR pickle {path}: {err}") from err
+    if not isinstance(batch, dict):
+        raise ValueError(f"CIFAR pickle {path} holds a {type(batch).__name__}, not the dict of a CIFAR batch")
+    return batch
+
+
+def _cifar_field(batch: dict[bytes, Any], key: bytes, path: Path) -> Any:
+    if key not in batch:
+        raise ValueError(f"CIFAR pickle {path} has no {key.decode()!r} entry (it has {sorted(batch)[:6]})")
+    return batch[key]
+
+
 def load_cifar(root: str | Path) -> tuple[TransformedDataset, TransformedDataset, list[str]]:
-    """The CIFAR-10 / CIFAR-100 python pickles (``data_batch_*`` + ``test_batch``, or ``train`` + ``test``)."""
+    """The CIFAR-10 / CIFAR-100 python pickles (``data_batch_*`` + ``test_batch``, or ``train`` + ``test``), read
+    without running code from them (:class:`CifarUnpickler`)."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"CIFAR folder {root} does not exist (expected the python pickles, e.g. "
@@ -207,18 +323,21 @@ def load_cifar(root: str | Path) -> tuple[TransformedDataset, TransformedDataset
     def read(files: list[Path]) -> tuple[np.ndarray, list[int]]:
         images, labels = [], []
         for f in files:
-            try:
-                with open(f, "rb") as fh:
-                    batch = pickle.load(fh, encoding="bytes")
-            except (OSError, pickle.UnpicklingError, EOFError) as err:
-                raise ValueError(f"cannot read CIFAR pickle {f}: {err}") from err
-            images.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
-            labels += list(batch[label_key])
+            batch = read_cifar_pickle(f)
+            data = np.asarray(_cifar_field(batch, b"data", f))
+            if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+                raise ValueError(f"CIFAR pickle {f}: 'data' must be uint8 rows of 3072 values, got {data.dtype} "
+                                 f"{data.shape}")
+            images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+            labels += [int(v) for v in _cifar_field(batch, label_key, f)]
         return np.concatenate(images), labels
 
-    with open(meta, "rb") as fh:
-        classes = [n.decode() for n in pickle.load(fh, encoding="bytes")[names_key]]
+    classes = [n.decode() if isinstance(n, bytes) else str(n)
+               for n in _cifar_field(read_cifar_pickle(meta), names_key, meta)]
     (xtr, ytr), (xte, yte) = read(train_files), read(test_files)
+    for labels, name in ((ytr, "training"), (yte, "test")):
+        if len(labels) and not 0 <= min(labels) <= max(labels) < len(classes):
+            raise ValueError(f"CIFAR {name} labels lie outside 0..{len(classes) - 1} ({root})")
     return (TransformedDataset(len(ytr), lambda i: (xtr[i], ytr[i]), classes, labels=ytr),
             TransformedDataset(len(yte), lambda i: (xte[i], yte[i]), classes, labels=yte), classes)
 

@@ -32,7 +32,7 @@ import torch
 from ..settings import setting
 from .arrows import DIRECTIONS, STEPS
 from .generated import GeneratedDataset, pixel_statistics
-from .images import TransformedDataset, class_folder_splits
+from .images import TransformedDataset, class_folder_splits, scan_class_folders
 
 __all__ = ["MotionConfig", "MotionDataset", "VIDEO_SUFFIXES", "VideoTransform", "load_videofolder",
            "motion_statistics", "read_video"]
@@ -118,18 +118,29 @@ def motion_statistics(config: MotionConfig) -> tuple[float, float]:
 
 def read_video(path: str | Path, num_frames: int) -> np.ndarray:
     """``num_frames`` RGB frames (T, H, W, 3) uint8 sampled evenly over a video file (repeating frames of a
-    shorter clip)."""
+    shorter clip). Frames are decoded as a stream and only the sampled ones are kept, so memory is that of the clip,
+    whatever the file's length (a second pass counts the frames where the container does not say)."""
     import av
 
     try:
         with av.open(str(path)) as container:
-            frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+            total = container.streams.video[0].frames or sum(1 for _ in container.decode(video=0))
+        if total == 0:
+            raise ValueError(f"video {path} has no frames")
+        wanted = np.linspace(0, total - 1, num_frames).round().astype(int).tolist()
+        keep, kept = set(wanted), {}
+        with av.open(str(path)) as container:
+            for index, frame in enumerate(container.decode(video=0)):
+                if index in keep:
+                    kept[index] = frame.to_ndarray(format="rgb24")
+                if index >= wanted[-1]:
+                    break
     except (av.error.FFmpegError, OSError, IndexError) as err:  # IndexError: no video stream
         raise ValueError(f"cannot decode video {path}: {err}") from err
-    if not frames:
+    if not kept:
         raise ValueError(f"video {path} has no frames")
-    index = np.linspace(0, len(frames) - 1, num_frames).round().astype(int)
-    return np.stack([frames[i] for i in index])
+    last = kept[max(kept)]  # a container that claims more frames than it holds: its last decoded frame repeats
+    return np.stack([kept.get(i, last) for i in wanted])
 
 
 class VideoTransform:
@@ -157,17 +168,31 @@ class VideoFolderDataset(TransformedDataset):
 
     def __init__(self, files: list[Path], labels: list[int], classes: list[str], num_frames: int,
                  transform: Callable | None = None, channels: int = 3) -> None:
-        super().__init__(len(files), self._read, classes, transform, labels, channels)
+        super().__init__(len(files), self._read, classes, transform, labels, channels,
+                         source=lambda i: str(files[i]))
         self.files, self.num_frames = files, num_frames
 
     def _read(self, index: int) -> tuple[np.ndarray, int]:
         return read_video(self.files[index], self.num_frames), self.labels[index]
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
-        clip, label = self.get(index)
+        clip, label = self.read(index)
         if self.channels == 1:
             clip = clip.mean(-1, keepdims=True).round().astype(np.uint8)
         return (self.transform(clip) if self.transform else clip), int(label)
+
+    def check(self, index: int, full: bool = True) -> None:
+        """Decode the clip (``full``), or open its container and find a video stream."""
+        if full:
+            self.read(index)
+            return
+        import av
+
+        try:
+            with av.open(str(self.files[index])) as container:
+                container.streams.video[0]
+        except (av.error.FFmpegError, OSError, IndexError) as err:
+            raise ValueError(f"cannot decode video {self.files[index]}: {err}") from err
 
     def with_transform(self, transform: Callable | None, channels: int | None = None) -> VideoFolderDataset:
         return VideoFolderDataset(self.files, self.labels, self.classes, self.num_frames, transform,
@@ -176,22 +201,13 @@ class VideoFolderDataset(TransformedDataset):
 
 def load_videofolder(root: str | Path, num_frames: int
                      ) -> tuple[VideoFolderDataset, VideoFolderDataset | None, list[str]]:
-    """``root/<class>/<clip>`` (or ``root/train/<class>/...`` and optionally ``root/test|val/...``)."""
+    """``root/<class>/<clip>`` (or ``root/train/<class>/...`` and optionally ``root/test|val/...``); links to
+    folders are followed once (see :func:`~pape_hub.data.images.walk_files`)."""
     train_dir, test_dir = class_folder_splits(root, "video folder", "clip.mp4")
+    seen: tuple[set[Path], dict[Path, Path]] = (set(), {})  # one clip is in one split only
 
     def scan(folder: Path, classes: list[str] | None = None) -> VideoFolderDataset:
-        found = sorted(d.name for d in folder.iterdir() if d.is_dir())
-        classes = classes or found
-        if not classes or found != classes:
-            raise FileNotFoundError(f"{folder} must hold one folder per class ({classes or 'none found'}), got "
-                                    f"{found}")
-        files, labels = [], []
-        for label, name in enumerate(classes):
-            clips = sorted(f for f in (folder / name).iterdir() if f.suffix.lower() in VIDEO_SUFFIXES)
-            files += clips
-            labels += [label] * len(clips)
-        if not files:
-            raise FileNotFoundError(f"no video files ({', '.join(VIDEO_SUFFIXES)}) in the class folders of {folder}")
+        files, labels, classes = scan_class_folders(folder, VIDEO_SUFFIXES, "video", classes, seen)
         return VideoFolderDataset(files, labels, classes, num_frames)
 
     train = scan(train_dir)

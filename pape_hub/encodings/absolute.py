@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from timm.layers import resample_abs_pos_embed, trunc_normal_
+from timm.layers import is_exporting, resample_abs_pos_embed, trunc_normal_
 from torch import nn
 
 from .base import EncodingContext, PositionEncoding, TokenPositions
@@ -18,7 +18,7 @@ def resample_table(table: torch.Tensor, new_grid: tuple[int, ...], old_grid: tup
 
     2-D: timm's bicubic ``resample_abs_pos_embed``. 3-D: trilinear over (t, h, w) (torch has no tricubic mode).
     """
-    if tuple(new_grid) == tuple(old_grid):
+    if not is_exporting() and tuple(new_grid) == tuple(old_grid):  # exporting: no branch on the (symbolic) grid
         return table
     if len(old_grid) == 2:
         return resample_abs_pos_embed(table, new_size=list(new_grid), old_size=list(old_grid),

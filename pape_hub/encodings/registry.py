@@ -52,6 +52,11 @@ def create_encoding(name: str, ctx: EncodingContext, **kwargs: Any) -> PositionE
     return enc
 
 
+#: the largest integer an encoding setting takes (parabolas, block sizes, table lengths): a config asking for more is
+#: refused before it allocates anything
+MAX_INTEGER_SETTING = 2**16
+
+
 def check_encoding_kwargs(name: str, kwargs: Any) -> None:
     """Refuse, naming the argument, what the encoding's constructor cannot take: unknown names, values of another
     type than its annotation, and numbers that are not finite and positive (every numeric setting of every
@@ -100,6 +105,8 @@ def _value_problem(value: Any, hint: Any) -> str | None:
                 continue
             if not math.isfinite(value) or value <= 0:
                 return "must be finite and positive"
+            if origin is int and value > MAX_INTEGER_SETTING:
+                return f"must be at most {MAX_INTEGER_SETTING} (a count or size, never this large)"
             return None
         elif isinstance(value, origin):
             return None

@@ -6,11 +6,13 @@ import math
 from typing import Any
 
 from transformers import PreTrainedConfig
+from transformers.backbone_utils import BackboneConfigMixin
 
-__all__ = ["CONFIG_CLASSES", "PapeViTConfig", "check_config_agreement"]
+__all__ = ["CONFIG_BOUNDS", "CONFIG_CLASSES", "PapeViTConfig", "check_checkpoint_config", "check_config_agreement",
+           "config_bound_problems"]
 
 
-class PapeViTConfig(PreTrainedConfig):
+class PapeViTConfig(BackboneConfigMixin, PreTrainedConfig):
     r"""
     Configuration of :class:`PapeViTModel` / :class:`PapeViTForImageClassification`.
 
@@ -31,6 +33,12 @@ class PapeViTConfig(PreTrainedConfig):
     timm_architecture (`str`, *optional*): the registered timm name this configuration was made from.
     image_mean, image_std: the normalisation the model was trained with (for the image processor and timm), per
         channel or one number for all.
+    out_features (`list[str]`, *optional*) / out_indices (`list[int]`, *optional*): for ``AutoBackbone``, the
+        stages whose feature maps it returns: ``"stem"`` (the embeddings) and ``"stage1"`` ... ``"stageL"`` (the
+        blocks), as transformers' ViT-style backbones name them; default the last block.
+    apply_layernorm (`bool`): the backbone's feature maps pass the final LayerNorm (DINOv2's convention).
+    reshape_hidden_states (`bool`): the backbone's feature maps are (B, C, H, W) grids without the prefix tokens;
+        False: (B, tokens, C) as the blocks give them.
     """
 
     model_type = "pape_vit"
@@ -64,6 +72,17 @@ class PapeViTConfig(PreTrainedConfig):
     timm_architecture: str | None = None
     image_mean: float | list[float] | tuple[float, ...] = (0.485, 0.456, 0.406)
     image_std: float | list[float] | tuple[float, ...] = (0.229, 0.224, 0.225)
+    _out_features: list[str] | None = None
+    _out_indices: list[int] | None = None
+    apply_layernorm: bool = True
+    reshape_hidden_states: bool = True
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        """The backbone's stage names (``stem``, ``stage1`` ... ``stageL``) and its output stages."""
+        self.stage_names = ["stem"] + [f"stage{i}" for i in range(1, self.num_hidden_layers + 1)]
+        self.set_output_features_output_indices(out_indices=kwargs.pop("out_indices", None),
+                                                out_features=kwargs.pop("out_features", None))
+        super().__post_init__(**kwargs)
 
     def normalisation(self) -> tuple[list[float], list[float]]:
         """(mean, std), one value per channel; a single number (as transformers' image processors accept) is the
@@ -103,7 +122,7 @@ class PapeViTConfig(PreTrainedConfig):
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> PapeViTConfig:
         """transformers' loader; a ``config.json`` whose timm fields describe another model is refused first."""
-        check_config_agreement(config_dict, config_class=cls)
+        check_checkpoint_config(config_dict, config_class=cls)
         return super().from_dict(config_dict, **kwargs)
 
     @classmethod
@@ -150,6 +169,55 @@ def config_disagreements(config: dict[str, Any], config_class: type[PapeViTConfi
     if architecture and not str(architecture).endswith(f"_{config['position_encoding']}"):
         problems.append(f"architecture = {architecture!r} is not a {config['position_encoding']!r} model")
     return problems
+
+
+#: what a checkpoint's ``config.json`` may ask for, checked before anything is built from it: field -> (low, high).
+#: Far above every model this package describes (ViT-L: 24 layers of 1024; DINOv3 7B: 40 of 4096), far below what
+#: would exhaust a machine before the weights file is even compared with it.
+CONFIG_BOUNDS: dict[str, tuple[int, int]] = {
+    "num_hidden_layers": (1, 256), "depth": (1, 256), "hidden_size": (1, 16384), "embed_dim": (1, 16384),
+    "num_attention_heads": (1, 1024), "num_heads": (1, 1024), "intermediate_size": (1, 262144),
+    "image_size": (1, 16384), "patch_size": (1, 16384), "num_channels": (1, 64), "in_chans": (1, 64),
+    "num_register_tokens": (0, 1024), "reg_tokens": (0, 1024), "representation_size": (1, 65536),
+    "num_frames": (1, 4096), "num_labels": (0, 131072), "num_classes": (0, 131072), "img_size": (1, 16384),
+}
+MAX_TOKENS = 2**22  # patch (tubelet) tokens of the nominal input: a 2048^2 grid
+
+
+def config_bound_problems(config: dict[str, Any]) -> list[str]:
+    """Fields of a checkpoint's ``config.json`` (the transformers fields and timm's ``model_args``) outside
+    :data:`CONFIG_BOUNDS`, or not integers, and a nominal input of more than :data:`MAX_TOKENS` tokens."""
+    problems = []
+    args = config.get("model_args") if isinstance(config.get("model_args"), dict) else {}
+    labels = config.get("id2label")
+    sized = dict(config, **({"num_labels": len(labels)} if isinstance(labels, dict) else {}))
+    for where, fields in (("", sized), ("model_args.", args)):
+        for name, (low, high) in CONFIG_BOUNDS.items():
+            value = fields.get(name)
+            values = value if isinstance(value, (list, tuple)) else [value]  # img_size may be (H, W)
+            if value is None:
+                continue
+            if not values or any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+                problems.append(f"{where}{name} = {str(value)[:40]} must be an integer")
+            elif not all(low <= v <= high for v in values):
+                problems.append(f"{where}{name} = {value} is outside [{low}, {high}]")
+    size, patch = sized.get("image_size", 224), sized.get("patch_size", 16)
+    if not problems and isinstance(size, int) and isinstance(patch, int) and (size // patch) ** 2 > MAX_TOKENS:
+        problems.append(f"image_size {size} / patch_size {patch} is a grid of {(size // patch) ** 2:,} tokens "
+                        f"(at most {MAX_TOKENS:,})")
+    return problems
+
+
+def check_checkpoint_config(config: dict[str, Any], where: str = "config.json",
+                            config_class: type[PapeViTConfig] | None = None) -> None:
+    """What every loader runs on a checkpoint's ``config.json`` before building anything from it: its sizes within
+    :data:`CONFIG_BOUNDS` (a hostile or corrupt file must not start a build that exhausts the machine), then its two
+    faces' fields in agreement (:func:`check_config_agreement`)."""
+    problems = config_bound_problems(config)
+    if problems:
+        raise ValueError(f"{where} asks for a model no checkpoint of pape_hub can be: " + "; ".join(problems)
+                         + ". The file is corrupt or not a pape_hub configuration")
+    check_config_agreement(config, where, config_class)
 
 
 def check_config_agreement(config: dict[str, Any], where: str = "config.json",

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import timm
+from transformers import ViTImageProcessor
 
 from ..models.vit import VisionTransformer
 from .configuration_pape_vit import PapeViTConfig
 from .configuration_pape_vivit import PapeViViTConfig
-from .image_processing_pape_vit import PapeViTImageProcessor
 from .modeling_pape_vit import PapeViTForImageClassification, PapeViTModel
 from .modeling_pape_vivit import PapeViViTForVideoClassification, PapeViViTModel
 from .video_processing_pape_vivit import PapeViViTVideoProcessor
@@ -81,17 +81,19 @@ def video_processor_for(config: PapeViViTConfig) -> PapeViViTVideoProcessor:
     return PapeViViTVideoProcessor(size={"height": size, "width": size}, image_mean=mean, image_std=std)
 
 
-def processor_for(config: PapeViTConfig) -> PapeViTImageProcessor | PapeViViTVideoProcessor:
+def processor_for(config: PapeViTConfig) -> ViTImageProcessor | PapeViViTVideoProcessor:
     """The image processor of an image model, the video processor of a video model."""
     return video_processor_for(config) if config.is_video else image_processor_for(config)
 
 
-def image_processor_for(config: PapeViTConfig) -> PapeViTImageProcessor:
-    """Resize to the model's resolution, rescale to [0, 1], normalise with the model's mean and std."""
+def image_processor_for(config: PapeViTConfig) -> ViTImageProcessor:
+    """transformers' own ``ViTImageProcessor``, sized and normalised for the model: resize to its resolution
+    (bicubic, as timm), rescale to [0, 1], normalise with its mean and std. Being transformers' own class, it loads
+    from a folder or a Hub id in any process, with or without pape_hub, and runs no custom code."""
     size = config.image_size
     mean, std = config.normalisation()
-    return PapeViTImageProcessor(size={"height": size, "width": size}, image_mean=mean, image_std=std,
-                                 resample=3)  # 3 = bicubic, as timm
+    return ViTImageProcessor(size={"height": size, "width": size}, image_mean=mean, image_std=std,
+                             resample=3)  # 3 = bicubic, as timm
 
 
 

@@ -6,11 +6,9 @@ from transformers import ViTImageProcessor
 
 
 class PapeViTImageProcessor(ViTImageProcessor):
-    """``ViTImageProcessor`` with the model's resolution and normalisation (bicubic, as timm).
-
-    Its saved config names no ``auto_map``: the model's ``config.json`` does (``AutoImageProcessor``), which is
-    where transformers looks without pape_hub. An ``auto_map`` here would make transformers' video-processor
-    fallback derive a remote ``PapeViTVideoProcessor`` for image pipelines and ask whether to run custom code
-    (a prompt that hangs a notebook), even with pape_hub imported."""
+    """``ViTImageProcessor`` under the name checkpoint folders saved before pape_hub 0.2 give in their
+    ``preprocessor_config.json``; such folders still load with pape_hub imported (it is registered with
+    ``AutoImageProcessor`` for ``pape_vit`` configs). Folders saved now name transformers' own ``ViTImageProcessor``
+    (``pape_hub.hf.image_processor_for``), which every process loads without custom code."""
 
     model_input_names = ["pixel_values"]

@@ -14,25 +14,29 @@ import torch
 from torch import nn
 from torch.utils._pytree import TreeSpec, tree_unflatten
 from transformers import PreTrainedModel
+from transformers.backbone_utils import BackboneMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
+from transformers.modeling_outputs import BackboneOutput, BaseModelOutputWithPooling, ImageClassifierOutput
 
 from ..encodings.base import PositionEncoding
 from ..layers.attention import PositionalBlock
 from ..models.vit import VisionTransformer, init_module
+from ..models.weights import check_finite_weights
 from .configuration_pape_vit import PapeViTConfig
 from .remote_code import write_remote_code
 
-__all__ = ["PapeViTForImageClassification", "PapeViTLayer", "PapeViTModel", "PapeViTPreTrainedModel"]
+__all__ = ["PapeViTBackbone", "PapeViTForImageClassification", "PapeViTLayer", "PapeViTModel", "PapeViTPreTrainedModel"]
 
 AUTO_MAP = {
     "AutoConfig": "configuration_pape_vit.PapeViTConfig",
     "AutoModel": "modeling_pape_vit.PapeViTModel",
     "AutoModelForImageClassification": "modeling_pape_vit.PapeViTForImageClassification",
-    # transformers reads a folder whose config.json has timm's `pretrained_cfg` as a timm checkpoint and looks for
-    # the image processor in config.json, so it is named there too
-    "AutoImageProcessor": "image_processing_pape_vit.PapeViTImageProcessor",
+    "AutoBackbone": "modeling_pape_vit.PapeViTBackbone",
 }
+#: the image processor is transformers' own (``convert.image_processor_for``): every client loads it, with or
+#: without pape_hub, and no custom code runs for it. transformers reads a folder whose config.json has timm's
+#: ``pretrained_cfg`` as a timm checkpoint and looks for the processor's type in config.json, so it is named there too
+IMAGE_PROCESSOR_TYPE = "ViTImageProcessor"
 
 
 class PapeViTLayer(GradientCheckpointingLayer, PositionalBlock):
@@ -71,18 +75,30 @@ class PapeViTPreTrainedModel(PreTrainedModel):
         every encoding's parameters and buffers when transformers fills weights a file lacks."""
         init_module(module)
 
+    def _move_missing_keys_from_meta_to_device(self, missing_keys: Any, *args: Any, **kwargs: Any) -> None:
+        """transformers would now allocate and initialise every weight the file lacks or holds in another shape;
+        here a file that lacks weights of the encoding or backbone is refused first, before memory is spent on a
+        model the file does not describe. Only the head may be missing (a backbone loaded for classification, or
+        ``ignore_mismatched_sizes`` for other labels)."""
+        self._refuse_mismatch(missing_keys, ())
+        super()._move_missing_keys_from_meta_to_device(missing_keys, *args, **kwargs)
+
     def _adjust_missing_and_unexpected_keys(self, loading_info: Any) -> None:
-        """transformers would fill weights the file lacks with a fresh init and only print a table; here a file that
-        lacks (or has extra) weights of the encoding or backbone is refused. Only the head may be missing (a
-        backbone checkpoint loaded for classification) or left over (a classifier loaded as a backbone)."""
+        """transformers would only print a table of missing or extra weights; here they are refused (a classifier's
+        head may be left over when it is loaded as a backbone), and so are non-finite weights, by name."""
         super()._adjust_missing_and_unexpected_keys(loading_info)
-        missing = sorted(k for k in loading_info.missing_keys if not k.startswith("vit.head."))
-        unexpected = sorted(k for k in loading_info.unexpected_keys if not k.startswith("vit.head."))
+        self._refuse_mismatch(loading_info.missing_keys, loading_info.unexpected_keys)
+        check_finite_weights(self.state_dict(), f"the weights file of this {self.config.position_encoding!r} model")
+
+    def _refuse_mismatch(self, missing: Any, unexpected: Any) -> None:
+        missing = sorted(k for k in missing if not k.startswith("vit.head."))
+        unexpected = sorted(k for k in unexpected if not k.startswith("vit.head."))
         if missing or unexpected:
             raise ValueError(
                 f"the weights file does not match this {self.config.position_encoding!r} model "
                 f"(hidden size {self.config.hidden_size}, {self.config.num_hidden_layers} layers): "
-                f"missing {missing[:6]}{' ...' if len(missing) > 6 else ''}, unexpected {unexpected[:6]}"
+                f"missing {missing[:6]}{' ...' if len(missing) > 6 else ''} (absent or of other shapes), "
+                f"unexpected {unexpected[:6]}"
                 f"{' ...' if len(unexpected) > 6 else ''}. Is it a checkpoint of another encoding or size?")
 
     def _core(self, num_classes: int) -> VisionTransformer:
@@ -137,9 +153,11 @@ def folder_fields(auto_map: dict[str, str], config: PapeViTConfig, vit: VisionTr
     """What a checkpoint folder's ``config.json`` holds beyond the transformers configuration: ``auto_map`` for
     every head (remote code), the processor's type, and timm's fields (:func:`timm_fields`)."""
     fields: dict[str, Any] = {"auto_map": dict(auto_map)}
-    for auto, target in auto_map.items():  # AutoImageProcessor -> image_processor_type, likewise video
+    for auto, target in auto_map.items():  # AutoVideoProcessor -> video_processor_type
         if auto.endswith("Processor"):
             fields[f"{auto[4:-9].lower()}_processor_type"] = target.split(".")[-1]
+    if not config.is_video:
+        fields["image_processor_type"] = IMAGE_PROCESSOR_TYPE
     return {**fields, **timm_fields(config, vit)}
 
 
@@ -160,8 +178,9 @@ def timm_fields(config: PapeViTConfig, vit: VisionTransformer) -> dict[str, Any]
     )
     fields = dict(architecture=architecture, model_args=args, num_classes=num_classes, pretrained_cfg=pretrained_cfg,
                   num_features=vit.num_features, global_pool=vit.global_pool)
-    if num_classes and config.id2label and len(config.id2label) == num_classes:
-        fields["label_names"] = [config.id2label[i] for i in range(num_classes)]
+    labels = {int(k): v for k, v in (config.id2label or {}).items()}  # keys may be "0" (transformers' examples)
+    if num_classes and sorted(labels) == list(range(num_classes)):
+        fields["label_names"] = [labels[i] for i in range(num_classes)]
     return fields
 
 
@@ -214,3 +233,41 @@ class PapeViTForImageClassification(PapeViTPreTrainedModel):
         loss = self.loss_function(labels, logits, self.config) if labels is not None else None
         return self._output(ImageClassifierOutput(loss=loss, logits=logits, hidden_states=hidden,
                                                   attentions=attentions), return_dict)
+
+
+class PapeViTBackbone(BackboneMixin, PapeViTPreTrainedModel):
+    """The core as a dense-task backbone (``AutoBackbone``; UperNet, DPT, Mask2Former heads take it through
+    ``backbone_config``): feature maps of the stages ``config.out_features`` names (``stem`` = the embeddings,
+    ``stageK`` = block K), passed through the final LayerNorm (``config.apply_layernorm``) and, with
+    ``config.reshape_hidden_states``, as (B, C, H / p, W / p) grids without the prefix tokens - transformers' DINOv2
+    and ViTDet backbones' convention. Every stage has ``hidden_size`` channels at the patch stride."""
+
+    def __init__(self, config: PapeViTConfig) -> None:
+        super().__init__(config)
+        self.vit = self._core(num_classes=0)
+        self.num_features = [config.hidden_size] * (config.num_hidden_layers + 1)
+        self.post_init()
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> BackboneOutput | tuple:
+        vit, core_input = self.vit, self._core_input(pixel_values)
+        grid = vit.grid_size_for(core_input)
+        _, hidden, attentions = self._run(pixel_values, True, output_attentions, None)
+        feature_maps = []
+        for stage, tokens in zip(self.stage_names, hidden):  # (B, P + N, D) each: embeddings, then every block
+            if stage not in self.out_features:
+                continue
+            tokens = vit.norm(tokens) if self.config.apply_layernorm else tokens
+            if self.config.reshape_hidden_states:  # (B, N, D) -> (B, D, *grid)
+                tokens = tokens[:, vit.num_prefix_tokens:].unflatten(1, grid).movedim(-1, 1).contiguous()
+            feature_maps.append(tokens)
+        keep_hidden = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        return self._output(BackboneOutput(feature_maps=tuple(feature_maps),
+                                           hidden_states=hidden if keep_hidden else None, attentions=attentions),
+                            return_dict)

@@ -13,6 +13,7 @@ places (``HF_TOKEN``, the saved login).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["CHECKPOINT_FILES", "HubTarget", "check_checkpoint_dir", "check_push_target", "push_checkpoint"]
+
+_logger = logging.getLogger(__name__)
 
 #: what a pushed checkpoint repo holds (everything else in the folder stays local)
 CHECKPOINT_FILES = ["model.safetensors", "config.json", "preprocessor_config.json", "video_preprocessor_config.json",
@@ -88,6 +91,10 @@ def check_checkpoint_dir(directory: str | Path) -> dict[str, Any]:
     weights = directory / "model.safetensors"
     if not weights.exists():
         raise FileNotFoundError(f"{directory} has no model.safetensors")
+    linked = sorted(p.name for pattern in CHECKPOINT_FILES for p in directory.glob(pattern) if p.is_symlink())
+    if linked:
+        raise ValueError(f"{directory} holds links ({', '.join(linked)}); a push uploads the folder's own files "
+                         "only, so replace each link with the file it points to")
     try:
         with safe_open(str(weights), "pt") as fh:
             fh.keys()
@@ -101,7 +108,20 @@ def push_checkpoint(directory: str | Path, repo_id: str, private: bool = False, 
     """Upload a checkpoint folder to ``repo_id`` in one commit; returns the commit URL.
 
     The repo is created if needed. A model card this package generated (or none) is (re)written for ``repo_id``
-    first, from the folder's config and results, so its loading snippet names the real repo."""
+    first, from the folder's config and results, so its loading snippet names the real repo. Only the folder's own
+    regular files go (a link out of the folder is refused by name).
+
+    Args:
+        directory: a checkpoint folder (:func:`~pape_hub.checkpoint.save_checkpoint`, training's ``best/``).
+        repo_id: ``namespace/name`` on the Hub ``HF_ENDPOINT`` names (default the public Hub); ``HF_TOKEN`` or the
+            saved login must have write access.
+        private: create the repo private, or make an existing public one private first (logged).
+        commit_message: the commit's title (default: names the model).
+
+    Example:
+        >>> url = pape_hub.push_checkpoint("my_model", "my-org/vit-t4-pape")  # doctest: +SKIP
+        >>> timm.create_model("hf-hub:my-org/vit-t4-pape", pretrained=True)  # doctest: +SKIP
+    """
     from huggingface_hub import HfApi
 
     from ..card import GENERATED_MARK, card_from_folder
@@ -114,6 +134,9 @@ def push_checkpoint(directory: str | Path, repo_id: str, private: bool = False, 
         card_from_folder(directory, repo_id=repo_id)
     api = HfApi(token=hub_token())
     api.create_repo(repo_id, private=private, exist_ok=True)
+    if private and not api.repo_info(repo_id).private:  # create_repo leaves an existing repo's visibility as it is
+        api.update_repo_settings(repo_id, private=True)
+        _logger.warning("%s existed as a public repository; made it private before uploading, as asked", repo_id)
     info = api.upload_folder(
         repo_id=repo_id, folder_path=str(directory), allow_patterns=CHECKPOINT_FILES,
         commit_message=commit_message or f"Upload {config['architecture']} ({config['position_encoding']})")

@@ -41,16 +41,16 @@ import json
 import os
 import re
 import secrets
-import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 __all__ = ["DropConnection", "HubError", "LocalHub", "check_path_in_repo", "check_repo_id", "git_blob_sha1"]
@@ -63,6 +63,10 @@ _REPO_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
 MAX_PATH_BYTES, MAX_SEGMENT_BYTES = 1024, 255  # a path in a repo; one folder or file name (what file systems take)
 MAX_JSON_BODY = 64 * 2**20  # a commit carries regular files (up to 10 MB each on the Hub) inline as base64
 MAX_FILES_PER_REQUEST = 10_000
+MAX_LFS_OBJECTS = 1_000  # per batch request (huggingface_hub sends 256 at most)
+MAX_PARTS_PER_BATCH = 10_000  # signed part URLs in one batch answer (about 1.5 MB of JSON)
+ACCESS_LOG_LENGTH = 1_000  # requests the access log keeps
+READ_CHUNK = 2**20  # bodies are streamed to disk in pieces of this size
 
 
 class HubError(Exception):
@@ -173,15 +177,17 @@ class LocalHub:
         if host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"the local Hub listens on the loopback interface only, not {host!r}")
         self.data_dir = Path(data_dir).resolve()
+        self._made_uploads_dir = not (self.data_dir / "uploads").exists()
         for sub in ("objects/regular", "objects/lfs", "uploads", "repos"):
             (self.data_dir / sub).mkdir(parents=True, exist_ok=True)
+        self._session_uploads: set[Path] = set()  # parts and partial objects this server wrote (cleaned at stop)
         self.token = token or f"hf_local_{secrets.token_hex(12)}"
         self.user = user
         self.upload_mode = upload_mode
         self.multipart_threshold, self.chunk_size = multipart_threshold, chunk_size
         self._signing_key = secrets.token_bytes(32)
         self._lock = threading.Lock()
-        self.requests: list[str] = []  # an access log: "METHOD /path" per request
+        self.requests: deque[str] = deque(maxlen=ACCESS_LOG_LENGTH)  # the last requests: "METHOD /path" each
         self.server = ThreadingHTTPServer((host, port), _make_handler(self, timeout))
         self.server.daemon_threads = True
         self.url = f"http://{host}:{self.server.server_address[1]}"
@@ -197,6 +203,17 @@ class LocalHub:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        self.clean_uploads()
+
+    def clean_uploads(self) -> None:
+        """Remove what this server's unfinished uploads left (abandoned multipart parts, partial objects), and the
+        uploads folder if this server made it and it is empty; nothing else there is touched."""
+        for path in list(self._session_uploads):
+            path.unlink(missing_ok=True)
+            self._session_uploads.discard(path)
+        uploads = self.data_dir / "uploads"
+        if self._made_uploads_dir and uploads.is_dir() and not any(uploads.iterdir()):
+            uploads.rmdir()
 
     def client_env(self) -> dict[str, str]:
         """Environment variables that point ``huggingface_hub`` (and timm / transformers) at this endpoint."""
@@ -288,6 +305,12 @@ class LocalHub:
             _atomic_write(self._repo_dir(repo_id) / "repo.json",
                           json.dumps(dict(id=repo_id, private=private, created=time.time())).encode())
         return 200, {"url": url, "name": repo_id, "id": repo_id}
+
+    def set_private(self, repo_id: str, private: bool) -> None:
+        with self._lock:
+            meta = self.repo_meta(repo_id)
+            meta["private"] = private
+            _atomic_write(self._repo_dir(repo_id) / "repo.json", json.dumps(meta).encode())
 
     def upload_mode_for(self, sample: bytes, size: int) -> str:
         if self.upload_mode != "auto":
@@ -407,9 +430,13 @@ class LocalHub:
 
     def lfs_batch(self, repo_id: str, objects: list[Any]) -> dict[str, Any]:
         """Upload actions for each object this repo does not own yet (no action = already stored for this repo)."""
-        out = []
+        out, parts_total = [], 0
         for i, obj in enumerate(objects):
             oid, size = check_oid(_get(obj, "oid", str, f"objects[{i}]")), _size(obj, f"objects[{i}]")
+            parts_total += -(-size // self.chunk_size) if size > self.multipart_threshold else 0
+            if parts_total > MAX_PARTS_PER_BATCH:
+                raise bad_request(f"the batch's objects need more than {MAX_PARTS_PER_BATCH} upload parts; send "
+                                  "fewer or smaller objects per batch")
             item: dict[str, Any] = {"oid": oid, "size": size, "authenticated": True}
             if not self.owns_lfs(repo_id, oid):
                 verify = {"href": self.signed(f"/lfs/{repo_id}/verify/{oid}")}
@@ -427,36 +454,89 @@ class LocalHub:
             out.append(item)
         return {"transfer": "basic", "objects": out}
 
-    def receive_lfs(self, repo_id: str, oid: str, data: bytes) -> None:
-        """Store an uploaded object (its content must hash to ``oid``) and record that ``repo_id`` uploaded it."""
-        if hashlib.sha256(data).hexdigest() != check_oid(oid):
-            raise bad_request(f"uploaded content does not hash to {oid}")
-        self._store_object("lfs", oid, data)
+    def _upload_file(self, final: Path | None = None) -> Path:
+        """A new file in ``uploads/`` for a body being received; this server's to remove if the upload fails."""
+        uploads = self._inside("uploads")
+        uploads.mkdir(exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name if final else 'object'}.", dir=uploads)
+        os.close(fd)
+        self._session_uploads.add(Path(tmp))
+        return Path(tmp)
+
+    def receive_lfs(self, repo_id: str, oid: str, save_body: Callable[[Path], dict[str, str]]) -> None:
+        """Store an uploaded object, streamed to disk by ``save_body(path)`` (which returns its digests; the content
+        must hash to ``oid``), and record that ``repo_id`` uploaded it. Memory stays at one read buffer."""
+        check_oid(oid)
+        tmp = self._upload_file()
+        try:
+            if save_body(tmp)["sha256"] != oid:
+                raise bad_request(f"uploaded content does not hash to {oid}")
+            self._store_file("lfs", oid, tmp)
+        finally:
+            tmp.unlink(missing_ok=True)
+            self._session_uploads.discard(tmp)
         _atomic_write(self._repo_dir(repo_id) / "lfs" / oid, b"")
+
+    def _store_file(self, kind: str, oid: str, tmp: Path) -> None:
+        path = self._object(kind, oid)
+        if not path.exists():
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
 
     def _part(self, oid: str, number: int) -> Path:
         return self._inside("uploads", f"{check_oid(oid)}.{number:05d}")
 
-    def receive_part(self, oid: str, number: int, data: bytes) -> str:
-        """Store one part of a multipart upload; returns its etag."""
-        _atomic_write(self._part(oid, number), data)
-        return f'"{hashlib.md5(data).hexdigest()}"'
+    def receive_part(self, oid: str, number: int, save_body: Callable[[Path], dict[str, str]]) -> str:
+        """Store one part of a multipart upload (streamed, then renamed into place); returns its etag."""
+        part = self._part(oid, number)
+        tmp = self._upload_file(part)
+        try:
+            etag = save_body(tmp)["md5"]
+            os.replace(tmp, part)
+        finally:
+            tmp.unlink(missing_ok=True)
+            self._session_uploads.discard(tmp)
+        self._session_uploads.add(part)  # removed once completed, or when the server stops
+        return f'"{etag}"'
 
     def complete_multipart(self, repo_id: str, oid: str, parts: list[Any]) -> None:
-        pieces = []
+        """Join the parts (each checked against its etag) into the object, streaming; then remove them."""
         numbers = [_get(p, "partNumber", int, "parts[]") for p in parts]
+        paths = []
         for number, part in sorted(zip(numbers, parts), key=lambda item: item[0]):
             etag = _get(part, "etag", str, "parts[]")
             path = self._part(oid, number) if 1 <= number <= MAX_FILES_PER_REQUEST else None
             if path is None or not path.exists():
                 raise bad_request(f"part {number} of {oid} was never uploaded")
-            data = path.read_bytes()
-            if hashlib.md5(data).hexdigest() != etag.strip('"'):
+            if _file_digests(path)["md5"] != etag.strip('"'):
                 raise bad_request(f"part {number} etag mismatch")
-            pieces.append(data)
-        self.receive_lfs(repo_id, oid, b"".join(pieces))
+            paths.append(path)
+
+        def join(target: Path) -> dict[str, str]:
+            with open(target, "wb") as out:
+                return _copy_hashed((open(p, "rb") for p in paths), out)
+
+        self.receive_lfs(repo_id, oid, join)
         for path in self._inside("uploads").glob(f"{oid}.*"):
             path.unlink(missing_ok=True)
+            self._session_uploads.discard(path)
+
+
+def _copy_hashed(sources: Iterable[BinaryIO], out: BinaryIO | None = None) -> dict[str, str]:
+    """Copy each source (closed after) into ``out`` in 1 MiB chunks; the sha256 and md5 of all of it."""
+    sha, md5 = hashlib.sha256(), hashlib.md5()
+    for source in sources:
+        with source:
+            while chunk := source.read(READ_CHUNK):
+                sha.update(chunk)
+                md5.update(chunk)
+                if out is not None:
+                    out.write(chunk)
+    return {"sha256": sha.hexdigest(), "md5": md5.hexdigest()}
+
+
+def _file_digests(path: Path) -> dict[str, str]:
+    return _copy_hashed([open(path, "rb")])
 
 
 # --- HTTP: requests, replies and the route table ---------------------------------------------------------------
@@ -471,6 +551,7 @@ class Request:
     headers: Message
     authorized: bool
     read_body: Callable[[int], bytes]
+    save_body: Callable[[int, Path], dict[str, str]]  # (limit, file) -> digests: the body streamed to disk
 
     def json(self, limit: int = MAX_JSON_BODY) -> Any:
         try:
@@ -507,6 +588,7 @@ class Routes:
             (("GET",), re.compile(r"/api/whoami-v2"), self.whoami),
             (("POST",), re.compile(r"/api/validate-yaml"), self.validate_yaml),
             (("POST",), re.compile(r"/api/repos/create"), self.create_repo),
+            (("PUT",), re.compile(rf"/api/models/{_REPO}/settings"), self.settings),
             (("POST",), re.compile(rf"/api/models/{_REPO}/preupload/(?P<rev>[^/]+)"), self.preupload),
             (("POST",), re.compile(rf"/api/models/{_REPO}/commit/(?P<rev>[^/]+)"), self.commit),
             (("GET", "HEAD"), re.compile(rf"/api/models/{_REPO}(?:/revision/(?P<rev>[^/]+))?"), self.model_info),
@@ -573,9 +655,18 @@ class Routes:
         org = _get(spec, "organization", (str, type(None)), "body", None) or self.hub.user
         if _get(spec, "type", (str, type(None)), "body", "model") not in ("model", None):
             raise bad_request("this local Hub holds model repositories only")
-        private = _get(spec, "private", (bool, type(None)), "body", False)
-        status, body = self.hub.create_repo(check_repo_id(f"{org}/{name}"), bool(private))
+        status, body = self.hub.create_repo(check_repo_id(f"{org}/{name}"), _private(spec))
         return Reply.json(status, body)
+
+    def settings(self, req: Request) -> Reply:
+        """``update_repo_settings``: the visibility (``private``/``public``); this Hub has no gated repos."""
+        repo_id = self.writable_repo(req, "change a repository's settings")
+        spec = req.json()
+        if _get(spec, "gated", (str, bool, type(None)), "body", None) not in (None, False):
+            raise bad_request("this local Hub has no gated repositories")
+        if "visibility" in spec or "private" in spec:
+            self.hub.set_private(repo_id, _private(spec))
+        return Reply.json(200, {})
 
     def model_info(self, req: Request) -> Reply:
         return Reply.json(200, self.hub.model_info(self.readable_repo(req), req.params.get("rev")))
@@ -631,8 +722,8 @@ class Routes:
         if _get(request, "operation", str, "body") != "upload":
             raise bad_request("this local Hub's LFS endpoint takes uploads only")
         objects = _get(request, "objects", list, "body")
-        if len(objects) > MAX_FILES_PER_REQUEST:
-            raise bad_request(f"at most {MAX_FILES_PER_REQUEST} objects per batch")
+        if len(objects) > MAX_LFS_OBJECTS:
+            raise bad_request(f"at most {MAX_LFS_OBJECTS} objects per batch, got {len(objects)}")
         return Reply.json(200, self.hub.lfs_batch(repo_id, objects), "application/vnd.git-lfs+json")
 
     def signed_lfs(self, req: Request) -> tuple[str, str]:
@@ -642,12 +733,13 @@ class Routes:
 
     def lfs_put(self, req: Request) -> Reply:
         repo_id, oid = self.signed_lfs(req)
-        self.hub.receive_lfs(repo_id, oid, req.read_body(self.hub.max_upload))
+        self.hub.receive_lfs(repo_id, oid, lambda path: req.save_body(self.hub.max_upload, path))
         return Reply(200, b"", "text/plain")
 
     def lfs_part(self, req: Request) -> Reply:
         _, oid = self.signed_lfs(req)
-        etag = self.hub.receive_part(oid, int(req.params["part"]), req.read_body(self.hub.chunk_size))
+        etag = self.hub.receive_part(oid, int(req.params["part"]), lambda path: req.save_body(self.hub.chunk_size,
+                                                                                              path))
         return Reply(200, b"", "text/plain", {"ETag": etag})
 
     def lfs_complete(self, req: Request) -> Reply:
@@ -686,10 +778,20 @@ class Routes:
                      file=(self.hub.read_file(entry), first, last - first + 1))
 
 
+def _private(spec: dict[str, Any]) -> bool:
+    """A create or settings request's visibility: ``"visibility"`` (huggingface_hub 1.x and later) or the older
+    ``"private"`` flag; public when neither is given."""
+    visibility = _get(spec, "visibility", (str, type(None)), "body", None)
+    if visibility not in (None, "public", "private"):
+        raise bad_request(f"visibility must be 'public' or 'private', got {visibility[:50]!r}")
+    private = _get(spec, "private", (bool, type(None)), "body", None)
+    return visibility == "private" if visibility is not None else bool(private)
+
+
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     """(first, last) byte of a single ``bytes=`` range clamped to the file, None to send it whole (no or another
     kind of range), or a 416 when it lies outside the file."""
-    match = re.fullmatch(r"bytes=(\d*)-(\d*)", (header or "").strip())
+    match = re.fullmatch(r"bytes=([0-9]{0,18})-([0-9]{0,18})", (header or "").strip())  # ASCII digits; else whole
     if not match or match.groups() == ("", ""):
         return None
     start, end = match.groups()
@@ -724,12 +826,29 @@ class HubRequestHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's names
         self.handle_request()
 
-    do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_GET  # noqa: N815
+    do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_GET  # noqa: N815
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own errors (an unknown method, a malformed request line, headers too long): JSON with the
+        Hub's error header, like every other answer, instead of its HTML page."""
+        self.close_connection = True
+        if code == 501:  # "unsupported method": the client's mistake, a 405 like every other method not offered
+            code, message = 405, f"method {str(self.command)[:20]!r} is not allowed"
+        text = message or self.responses.get(code, ("error",))[0]
+        body = json.dumps({"error": text}).encode()
+        self.send_response(code, text)
+        for key, value in (("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                           ("X-Error-Message", _header_safe(text)), ("Connection", "close")):
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command != "HEAD" and code >= 200 and code not in (204, 304):
+            self.wfile.write(body)
 
     def handle_request(self) -> None:
-        self.body_pending = self._declared_length()
+        self.body_pending = None  # unknown until Content-Length is read: an error answer closes the connection
         self.hub.requests.append(f"{self.command} {self.path[:300]}")
         try:
+            self.body_pending = self._declared_length()
             reply = self.dispatch()
         except HubError as err:
             reply = Reply.json(err.status, {"error": err.message})
@@ -742,18 +861,27 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         self.send(reply)
 
     def _declared_length(self) -> int | None:
-        """Content-Length as an int (0 if absent), or None if it is not a plain decimal number."""
+        """Content-Length as an int (0 if absent); None with Transfer-Encoding (refused when a body is read); a 411
+        for anything but 1 to 18 ASCII digits."""
         value = self.headers.get("Content-Length")
         if self.headers.get("Transfer-Encoding"):
             return None
-        return 0 if value is None else int(value) if value.strip().isdigit() else None
+        if value is None:
+            return 0
+        if not re.fullmatch(r"[0-9]{1,18}", value.strip()):
+            raise HubError(411, "LengthRequired", f"Content-Length must be 1 to 18 ASCII digits, got {value[:40]!r}")
+        return int(value)
 
-    def read_body(self, limit: int) -> bytes:
+    def _body_length(self, limit: int) -> int:
         length = self.body_pending
         if length is None:
             raise HubError(411, "LengthRequired", "a body needs a plain Content-Length (no Transfer-Encoding)")
         if length > limit:
             raise HubError(413, "PayloadTooLarge", f"the body has {length} bytes; at most {limit} are accepted")
+        return length
+
+    def read_body(self, limit: int) -> bytes:
+        length = self._body_length(limit)
         try:
             data = self.rfile.read(length)
         except OSError:  # timed out or reset: there is nobody to answer
@@ -763,6 +891,36 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             raise DropConnection
         return data
 
+    def save_body(self, limit: int, path: Path) -> dict[str, str]:
+        """Stream the body into ``path`` in pieces (memory: one piece); returns its sha256 and md5."""
+        remaining = self._body_length(limit)
+
+        class Body:  # the request body as a file of ``remaining`` bytes, for _copy_hashed
+            def __init__(self, handler: HubRequestHandler) -> None:
+                self.handler = handler
+
+            def __enter__(self) -> Body:
+                return self
+
+            def __exit__(self, *exc: Any) -> None:
+                return None
+
+            def read(self, size: int) -> bytes:
+                nonlocal remaining
+                try:
+                    chunk = self.handler.rfile.read(min(size, remaining)) if remaining else b""
+                except OSError:
+                    raise DropConnection from None
+                if remaining and not chunk:
+                    raise DropConnection  # the client went away midway
+                remaining -= len(chunk)
+                return chunk
+
+        with open(path, "wb") as out:
+            digests = _copy_hashed([Body(self)], out)
+        self.body_pending = 0
+        return digests
+
     def dispatch(self) -> Reply:
         split = urlsplit(self.path)
         try:
@@ -771,7 +929,8 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             raise bad_request("the path is not valid percent-encoded UTF-8") from None
         given = self.headers.get("Authorization", "")
         request = Request(self.command, split.path, params, parse_qs(split.query), self.headers,
-                          hmac.compare_digest(given.encode(), f"Bearer {self.hub.token}".encode()), self.read_body)
+                          hmac.compare_digest(given.encode(), f"Bearer {self.hub.token}".encode()), self.read_body,
+                          self.save_body)
         return handler(request)
 
     def send(self, reply: Reply) -> None:
@@ -822,4 +981,4 @@ def serve(data_dir: str | Path, port: int, token: str | None = None, host: str =
         pass
     finally:
         hub.server.server_close()
-        shutil.rmtree(hub.data_dir / "uploads", ignore_errors=True)
+        hub.clean_uploads()  # only what this server's unfinished uploads left

@@ -39,6 +39,7 @@ from torch import nn
 
 from ..encodings.absolute import resample_table
 from .vit import init_prefix_token
+from .weights import check_finite_weights
 
 __all__ = ["SOURCES", "Conversion", "Source", "build_source", "convert_state_dict", "source_cfg", "transplant"]
 
@@ -93,6 +94,7 @@ REPORTED = {
     "vit_b16_rope.naver_in1k": {224: 83.6, 384: 83.9}, "vit_b16_rope_mixed.naver_in1k": {224: 83.8, 384: 84.4},
 }
 _REPORTED_BY = "naver-ai/rope-vit README (Heo et al. 2024), ImageNet-1k validation top-1, trained at 224 px"
+_REPORTED_URL = "https://github.com/naver-ai/rope-vit"
 
 
 def _sources() -> dict[str, Source]:
@@ -104,7 +106,8 @@ def _sources() -> dict[str, Source]:
         cfg = _timm_cfg(timm_name)
         if cfg is not None and cfg.hf_hub_id:
             entry = f"vit_{size}16_{encoding}.{tag}"
-            reported = dict(top1_by_size=REPORTED[entry], by=_REPORTED_BY) if entry in REPORTED else {}
+            reported = dict(top1_by_size=REPORTED[entry], by=_REPORTED_BY, url=_REPORTED_URL) \
+                if entry in REPORTED else {}
             rows[entry] = Source(timm_name, dict(model_args, num_classes=cfg.num_classes), paper, reported=reported)
 
     for size, timm_size in _TIMM_SIZES.items():
@@ -221,11 +224,19 @@ def _split(state: dict[str, torch.Tensor], layout: str) -> tuple[dict[str, torch
 def fit_table(table: torch.Tensor, own: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
     """A learned table (1, P' + N', D) of a square grid -> the shape of the model's table ``own``, (1, P + N, D) at
     ``grid``: prefix rows kept, dropped, or zero where the source has none (DeiT-III, Naver ``*_ape``: CLS gets no
-    position vector, and adding zero is that); cells resampled bicubically to the model's grid."""
+    position vector, and adding zero is that); cells resampled bicubically to the model's grid. A table of no
+    square grid (after the model's prefix rows, none or one) is refused: its rows cannot be laid out without its
+    grid."""
     num_prefix = own.shape[1] - math.prod(grid)
+    if table.ndim != 3 or table.shape[0] != 1 or table.shape[1] == 0 or table.shape[2] != own.shape[2]:
+        raise ValueError(f"the source's pos_embed has shape {tuple(table.shape)}; a learned table is (1, rows, "
+                         f"{own.shape[2]}) for this model's width")
     rows = table.shape[1]
-    side = math.isqrt(rows)
-    source_prefix = rows - side * side
+    source_prefix = next((p for p in (num_prefix, 0, 1) if p < rows and math.isqrt(rows - p) ** 2 == rows - p), None)
+    if source_prefix is None:
+        raise ValueError(f"the source's pos_embed has {rows} rows: not a square grid after {num_prefix}, 0 or 1 "
+                         "prefix rows, so its cells cannot be placed (a non-square source grid)")
+    side = math.isqrt(rows - source_prefix)
     cells = table[:, source_prefix:]
     prefix = table[:, :num_prefix] if source_prefix >= num_prefix else torch.cat(
         [table[:, :source_prefix], table.new_zeros(1, num_prefix - source_prefix, table.shape[-1])], dim=1)
@@ -316,9 +327,11 @@ def lookhere_head_order(config: dict[str, Any], encoding: nn.Module) -> list[int
     given = dict(config, layer_slopes=list(config.get("layer_slopes") or []))  # a tuple or list in the file
     ours = (("head directions", "head_directions", encoding.head_directions),
             ("global slope", "global_slope", encoding.global_slope),
-            ("layer slopes", "layer_slopes", list(encoding.layer_slope_range)))
-    mismatched = [f"{name} {given.get(key)!r} (the model's {value!r})" for name, key, value in ours
-                  if given.get(key) != value]
+            ("layer slopes", "layer_slopes", list(encoding.layer_slope_range)),
+            ("distance", "distance", "linear"), ("out-of-view fill", "fill_with", "inf"))  # the only ones built here
+    defaults = {"distance": "linear", "fill_with": "inf"}  # the release's, where a file does not say
+    mismatched = [f"{name} {given.get(key, defaults.get(key))!r} (the model's {value!r})" for name, key, value in ours
+                  if given.get(key, defaults.get(key)) != value]
     if mismatched:
         raise ValueError("the LookHere checkpoint's configuration differs from the model's encoding: "
                          + "; ".join(mismatched) + " - build the model with position_encoding_kwargs to match")
@@ -430,6 +443,7 @@ def convert_state_dict(state: dict[str, Any], model: nn.Module) -> tuple[dict[st
     layout = detect_layout(state, model)
     if layout == "pape_hub":
         out = {k.removeprefix("vit."): v for k, v in state.items()}
+        check_finite_weights(out, "the pape_hub checkpoint")
         return out, Conversion(layout, copied=list(out))
     backbone, positional = _split(state, layout)
     report = Conversion(layout, copied=sorted(backbone))
@@ -454,6 +468,7 @@ def convert_state_dict(state: dict[str, Any], model: nn.Module) -> tuple[dict[st
     if layout == "lookhere":
         report.converted.append("head.fc1 -> pre_logits.fc, head.fc2 -> head")
         out = _lookhere_release(out, file_config, model, report)
+    check_finite_weights(out, f"the {layout} checkpoint")
     return out, report
 
 
@@ -465,11 +480,39 @@ def checkpoint_filter_fn(state: dict[str, torch.Tensor], model: nn.Module) -> di
     return out
 
 
+def _num_heads(model: nn.Module) -> int | None:
+    """Attention heads of a ViT (pape_hub's, timm's VisionTransformer or Eva), None where it says nothing."""
+    blocks = getattr(model, "blocks", None)
+    return getattr(getattr(blocks[0], "attn", None), "num_heads", None) if blocks is not None and len(blocks) else None
+
+
 def transplant(source: dict[str, torch.Tensor] | nn.Module, target: nn.Module) -> Conversion:
-    """Load every non-positional weight of ``source`` (a state dict or a model: a timm ViT / Eva or a pape_hub
-    model of any encoding) into ``target`` in place; ``target`` keeps or gets its own encoding's initialised
-    position weights where the source has none of its kind (also when it was built on the meta device). The
-    classifier is copied only when the class counts agree. Returns what was copied and what is new."""
+    """Load every non-positional weight of ``source`` into ``target`` in place, and say what was copied and what is
+    new.
+
+    ``target`` keeps or gets its own encoding's initialised position weights where the source has none of its kind
+    (also when it was built on the meta device). The classifier is copied only when the class counts agree. A
+    source model with another number of attention heads is refused: its ``qkv`` and ``proj`` weights have the
+    target's shapes but split into heads differently, so they would compute something else (a state dict does not
+    say its head count: that is the caller's to match).
+
+    Args:
+        source: a model (a timm ViT / Eva or a pape_hub model of any encoding) or its state dict.
+        target: a pape_hub model of the same width, depth and patch size.
+
+    Example:
+        >>> import pape_hub, timm
+        >>> source = timm.create_model("vit_t4_rope_mixed", embed_dim=32, depth=2, num_heads=2)
+        >>> target = timm.create_model("vit_t4_pape", embed_dim=32, depth=2, num_heads=2, num_classes=5)
+        >>> print(pape_hub.transplant(source, target).summary())  # doctest: +ELLIPSIS
+        pape_hub checkpoint: ... tensors copied; new (the model's own init) pos_encoding...
+    """
+    if isinstance(source, nn.Module) and None not in (_num_heads(source), _num_heads(target)) \
+            and _num_heads(source) != _num_heads(target):
+        raise ValueError(f"transplant does not fit: the source has {_num_heads(source)} attention heads and the "
+                         f"target {_num_heads(target)}; blocks.*.attn.qkv and blocks.*.attn.proj hold per-head "
+                         "weights whose meaning depends on the head count, so they cannot be copied (build the "
+                         "target with the source's num_heads)")
     state = source.state_dict() if isinstance(source, nn.Module) else dict(source)
     if not isinstance(source, nn.Module) or not hasattr(source, "pos_encoding"):
         out, report = convert_state_dict(state, target)

@@ -139,9 +139,10 @@ def list_pretrained(pattern: str = "") -> list[str]:
 SOURCE_CONFIG_CHECKS: list[Callable[[dict[str, Any], str], None]] = []
 
 
-def _check_source_config(pretrained_cfg: Any) -> None:
+def _check_source_config(pretrained_cfg: Any, pretrained: bool) -> None:
     """``timm.create_model("local-dir:..." / "hf-hub:...")`` reads ``model_args`` from the folder's config.json;
-    run :data:`SOURCE_CONFIG_CHECKS` on the file."""
+    run :data:`SOURCE_CONFIG_CHECKS` on the file (with ``pretrained``, the weights file is fetched first, so that
+    the checks compare it with the config before timm builds anything)."""
     if not SOURCE_CONFIG_CHECKS:
         return
     cfg = pretrained_cfg.to_dict() if hasattr(pretrained_cfg, "to_dict") else dict(pretrained_cfg or {})
@@ -149,11 +150,19 @@ def _check_source_config(pretrained_cfg: Any) -> None:
         path = Path(cfg["file"]) / "config.json"
     elif cfg.get("source") == "hf-hub" and cfg.get("hf_hub_id"):
         from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError
 
         path = Path(hf_hub_download(cfg["hf_hub_id"], "config.json"))  # already in the cache: timm just read it
+        if pretrained:
+            try:  # into the cache, where timm's own download finds it next
+                hf_hub_download(cfg["hf_hub_id"], "model.safetensors")
+            except EntryNotFoundError:
+                pass  # timm falls back to pytorch_model.bin, which it reads with weights_only=True
     else:
         return
     config = json.loads(path.read_text())
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object of model settings, got a JSON {type(config).__name__}")
     for check in SOURCE_CONFIG_CHECKS:
         check(config, str(path))
 
@@ -172,7 +181,7 @@ def _create(name: str, pretrained: bool = False, **kwargs: Any) -> VisionTransfo
                          "pape_hub.list_pretrained()). Load a "
                          "checkpoint with timm.create_model('hf-hub:ORG/REPO') or 'local-dir:PATH', or use "
                          "pretrained=False")
-    _check_source_config(cfg)
+    _check_source_config(cfg, pretrained)
     source = SOURCES.get(f"{name}.{cfg.tag}")
     kwargs = {**(source.model_args if source else {}), **kwargs}
     out_indices = kwargs.pop("out_indices", 3)
