@@ -40,6 +40,10 @@ COMMANDS = {
 }
 
 
+#: commands that run for a while: they say so before the seconds their imports take
+LONG_COMMANDS = ("arrows", "compare", "train", "eval", "convert", "bench", "profile", "zoo")
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Defaults shown after every option (also those without a help text); a help text that already states its
     default is left as it is; descriptions (with their examples) keep their line breaks."""
@@ -122,6 +126,14 @@ def cached_help(name: str) -> str | None:
     return cache["commands"].get(name) if cache.get("python") == python_minor() else None
 
 
+def _missing_extra(err: ImportError) -> str | None:
+    try:
+        from pape_hub import missing_extra
+    except ImportError:  # pape_hub itself cannot be imported (torch or timm missing): say that instead
+        return None
+    return missing_extra(err)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -135,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     if {"-h", "--help"} & set(rest) and (text := cached_help(name)) is not None:
         print(text, end="")  # the parser's own text, without importing torch, timm and transformers first
         return 0
+    if name in LONG_COMMANDS and not {"-h", "--help"} & set(rest):  # at once: the imports take seconds
+        print(f"pape-hub {name}: starting (importing torch, timm and the command's code)", flush=True)
     try:
         parser, module = command_parser(name)
         args = parser.parse_args(rest)
@@ -143,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"pape-hub {name}: interrupted", file=sys.stderr)
         return 130
+    except ImportError as err:  # an optional dependency: name the extra that installs it
+        if debug:
+            raise
+        hint = _missing_extra(err)
+        print(f"pape-hub {name}: error: {hint or err}", file=sys.stderr)
+        return 1
     except Exception as err:  # noqa: BLE001 - the command line reports every failure in one line
         if debug:
             raise

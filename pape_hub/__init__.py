@@ -55,6 +55,23 @@ if find_spec("transformers") is not None:
 
 __version__ = "0.1.0"
 
+#: the optional dependencies, by their import name -> the extra that installs them (``pip install 'pape_hub[X]'``)
+EXTRAS = {"transformers": "hf", "huggingface_hub": "hf", "safetensors": "hf", "accelerate": "train",
+          "tqdm": "train", "matplotlib": "train", "filelock": "train", "datasets": "data", "sklearn": "data",
+          "av": "video"}
+
+
+def missing_extra(err: ImportError) -> str | None:
+    """What to say for an optional dependency that is not installed: the extra that installs it, or None when the
+    error is about something else."""
+    name = (getattr(err, "name", None) or "").split(".")[0]
+    extra = EXTRAS.get(name)
+    if extra is None:
+        return None
+    return (f"{name} is not installed; it comes with pape_hub's '{extra}' extra: pip install 'pape_hub[{extra}]' "
+            f"(from a checkout: pip install -e '.[{extra}]')")
+
+
 #: names that need an optional extra, imported on first use: name -> (module, extra that installs it)
 _LAZY = {
     "load_checkpoint": (".checkpoint", "hf"), "save_checkpoint": (".checkpoint", "hf"),
@@ -66,20 +83,24 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     if name == "hf":  # the transformers face, before transformers has been imported (which registers it)
-        return import_module(".hf", __name__)
+        try:
+            return import_module(".hf", __name__)
+        except ImportError as err:
+            raise ImportError(f"pape_hub.hf: {missing_extra(err) or err}") from err
     if name not in _LAZY:
         raise AttributeError(f"module 'pape_hub' has no attribute {name!r}")
     module, extra = _LAZY[name]
     try:
         return getattr(import_module(module, __name__), name)
     except ImportError as err:
-        raise ImportError(f"pape_hub.{name} needs the '{extra}' extra: pip install 'pape_hub[{extra}]' "
-                          f"({err})") from err
+        raise ImportError(f"pape_hub.{name} needs the '{extra}' extra: pip install 'pape_hub[{extra}]' (from a "
+                          f"checkout: pip install -e '.[{extra}]'); {err}") from err
 
 
 __all__ = [
-    "PUBLISHED_WEIGHTS", "EncodingContext", "PapeViTConfig", "PapeViTForImageClassification",
+    "EXTRAS", "PUBLISHED_WEIGHTS", "EncodingContext", "PapeViTConfig", "PapeViTForImageClassification",
     "PapeViTImageProcessor", "PapeViTModel", "PositionEncoding", "TokenPositions", "VisionTransformer",
-    "create_encoding", "list_encodings", "list_pape_models", "list_pretrained", "load_checkpoint", "model_args_for",
+    "create_encoding", "list_encodings", "list_pape_models", "list_pretrained", "load_checkpoint", "missing_extra",
+    "model_args_for",
     "push_checkpoint", "register_published_weights", "save_checkpoint", "transplant",
 ]

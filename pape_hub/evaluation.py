@@ -151,7 +151,7 @@ def sweep_loaders(model: torch.nn.Module, config: dict[str, Any], dataset: str, 
         return
     video = is_video_spec(dataset)
     shapes = list(map(parse_clip, clips or [(model.patch_embed.num_frames, native)])) if video else \
-        [(None, res) for res in resolutions or [native]]
+        [(None, res) for res in resolutions or default_resolutions(native, model.patch_embed.patch_size[0])]
     for frames, res in shapes:
         tf = VideoTransform(res, mean, std) if video else create_transform(
             res, is_training=False, mean=mean, std=std, interpolation="bicubic",
@@ -161,6 +161,12 @@ def sweep_loaders(model: torch.nn.Module, config: dict[str, Any], dataset: str, 
         check_label_names(config, data.classes, dataset)
         ds = data.test if split == "test" and data.test is not None else data.val
         yield f"{frames}x{res}" if video else res, DataLoader(ds, batch_size=batch_size)
+
+
+def default_resolutions(native: int, patch: int) -> list[int]:
+    """Where an image model is compared by default (``pape-hub compare``'s digits preset): 1x, 1.5x and 2x its
+    training size, in whole patches."""
+    return list(dict.fromkeys([native, round(1.5 * native / patch) * patch, 2 * native]))
 
 
 def _score(model: torch.nn.Module, loader: Iterable, size: Any, interp: bool, progress: bool,
@@ -220,7 +226,9 @@ def plot_sweep_summary(results: list[Evaluation], path: str | Path, title: str =
     numeric = all(isinstance(v, (int, float)) for v in every)
     position = {v: (v if numeric else i) for i, v in enumerate(every)}  # clip sizes ("6x5") sit at their index
     spread = min((b - a for a, b in zip(sorted(position.values()), sorted(position.values())[1:])), default=1)
-    series = 2 * len(encodings)  # (encoding, interpolation) pairs, side by side around each size
+    # the (encoding, interpolation) series that have points, side by side around each size (one alone: centred)
+    drawn = [(enc, interp) for enc in encodings for interp in (False, True)
+             if _sweep([r for r in results if r.encoding == enc], interp)[0]]
     for index, enc in enumerate(encodings):
         runs = [r for r in results if r.encoding == enc]
         color, marker = colors[index % len(colors)], _MARKERS[index % len(_MARKERS)]
@@ -228,7 +236,7 @@ def plot_sweep_summary(results: list[Evaluation], path: str | Path, title: str =
             sizes, per_size = _sweep(runs, interp)
             if not sizes:
                 continue
-            dodge = ((2 * index + interp) - (series - 1) / 2) * 0.3 * spread / series
+            dodge = (drawn.index((enc, interp)) - (len(drawn) - 1) / 2) * 0.3 * spread / len(drawn)
             xs = [position[s] + dodge for s in sizes]
             means = [sum(v) / len(v) for v in per_size]
             spread_of_seeds = ([[max(m - min(v), 0.0) for m, v in zip(means, per_size)],

@@ -13,16 +13,18 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import queue
 import re
+import signal
 import statistics
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
+from .progress import Progress
 from .records import Comparison, Evaluation
 
 __all__ = ["aggregate", "bootstrap_interval", "columns", "make_job", "parse_encodings", "plot_results",
@@ -96,11 +98,38 @@ def train_and_evaluate(job: dict[str, Any], progress: Any = None) -> Evaluation:
     cfg = TrainConfig(**job["train"])
     out = Path(cfg.output_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f"{out.name}.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
-        trained = train(cfg, on_epoch=None if progress is None else lambda record: progress.put(1))
+    trained = complete_run(cfg) if job.get("reuse_complete") else None
+    with open(out.parent / f"{out.name}.log", "a" if trained else "w") as log, redirect_stdout(log), \
+            redirect_stderr(log):
+        if trained is None:
+            trained = train(cfg, on_epoch=None if progress is None else lambda record: progress.put(1))
+        else:
+            print(f"reusing the complete run in {out} (--resume: it finished with these settings)", flush=True)
+            if progress is not None:
+                progress.put(cfg.epochs)  # its epochs count as done
         evaluation = evaluate_checkpoint(out / "best", **job["sweep"])
     evaluation.encoding, evaluation.seed, evaluation.train = job["encoding"], cfg.seed, trained
     return evaluation
+
+
+#: settings that do not change what a run computes
+_INCIDENTAL = ("output_dir", "quiet", "overwrite", "resume", "num_workers", "log_with")
+
+
+def complete_run(cfg: Any) -> dict[str, Any] | None:
+    """The results of a run that finished in ``cfg.output_dir`` with the same settings (its saved training state
+    says which), else None: ``--resume`` of a comparison keeps such runs instead of training them again."""
+    from dataclasses import asdict
+
+    out = Path(cfg.output_dir)
+    try:
+        results = json.loads((out / "results.json").read_text())
+        saved = json.loads((out / "state" / "trainer_state.json").read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    wanted = {k: v for k, v in json.loads(json.dumps(asdict(cfg))).items() if k not in _INCIDENTAL}
+    same = all(saved.get(k) == v for k, v in wanted.items()) and (out / "best" / "config.json").exists()
+    return results if same and saved.get("epochs") == len(results.get("history", [])) else None
 
 
 def _exit_with_parent() -> None:
@@ -120,41 +149,66 @@ def _exit_with_parent() -> None:
 def run_jobs(jobs: list[dict[str, Any]], workers: int, started: float,
              describe: Callable[[Evaluation], str]) -> tuple[list[Evaluation], list[str]]:
     """Run every job (at most ``workers`` at a time, each in a fresh interpreter); returns (results in job order,
-    labels of failed jobs). One failure does not stop the others. A progress bar counts the epochs of all jobs
-    (each worker reports its finished epochs) and a line reports each finished job."""
-    from tqdm.auto import tqdm
-
+    labels of failed jobs). One failure does not stop the others. Progress counts the epochs of all jobs (each
+    worker reports its finished epochs: a bar on a terminal, a line every 30 s in a log) and a line reports each
+    finished job. Ctrl-C or SIGTERM ends the workers, says which runs are complete and how to keep them."""
     done: list[tuple[int, Evaluation]] = []
     failed: list[str] = []
     context = multiprocessing.get_context("spawn")  # a clean interpreter per job: no inherited threads or caches
-    with context.Manager() as manager, tqdm(total=sum(job["train"]["epochs"] for job in jobs), unit="epoch",
-                                            desc="training", mininterval=2.0) as bar, \
-            ProcessPoolExecutor(max_workers=workers, mp_context=context, max_tasks_per_child=1,
-                                initializer=_exit_with_parent) as pool:
-        epochs = manager.Queue()
-        counter = threading.Thread(target=_count_epochs, args=(epochs, bar), daemon=True)
-        counter.start()
-        futures = {pool.submit(train_and_evaluate, job, epochs): i for i, job in enumerate(jobs)}
-        for future in as_completed(futures):
-            job = jobs[futures[future]]
-            label = f"{job['encoding']} seed {job['train']['seed']}"
+    progress = Progress(total=sum(job["train"]["epochs"] for job in jobs), desc="training", unit="epoch")
+    finished: queue.Queue = queue.Queue()  # (job index, evaluation or None, error or None), as each job ends
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops as Ctrl-C does: workers ended, said
+    try:
+        with context.Manager() as manager:
+            epochs = manager.Queue()
+            threading.Thread(target=_count_epochs, args=(epochs, progress), daemon=True).start()
+            pool = context.Pool(workers, initializer=_exit_with_parent, maxtasksperchild=1)
+            for i, job in enumerate(jobs):
+                pool.apply_async(train_and_evaluate, (job, epochs), callback=lambda r, i=i: finished.put((i, r, None)),
+                                 error_callback=lambda e, i=i: finished.put((i, None, e)))
+            pool.close()
             try:
-                result = future.result()
-            except Exception as err:  # noqa: BLE001 - one failed run must not lose the others
-                failed.append(label)
-                bar.write(f"  {label}: FAILED ({type(err).__name__}: {err}; log {job['train']['output_dir']}.log)")
-                continue
-            done.append((futures[future], result))
-            bar.write(f"  {label}: {describe(result)} ({time.time() - started:.0f}s)")
-        epochs.put(None)
-        counter.join()
+                for _ in jobs:
+                    i, result, error = finished.get()
+                    label = f"{jobs[i]['encoding']} seed {jobs[i]['train']['seed']}"
+                    if error is not None:  # one failed run must not lose the others
+                        failed.append(label)
+                        print(f"  {label}: FAILED ({type(error).__name__}: {error}; log "
+                              f"{jobs[i]['train']['output_dir']}.log)", flush=True)
+                        continue
+                    done.append((i, result))
+                    print(f"  {label}: {describe(result)} ({time.time() - started:.0f}s)", flush=True)
+            except KeyboardInterrupt:
+                pool.terminate()  # the running workers end now; each folder keeps its last complete checkpoint
+                pool.join()
+                _say_what_is_kept(jobs, [i for i, _ in done])
+                raise
+            pool.join()
+            epochs.put(None)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        progress.close()
     return [result for _, result in sorted(done, key=lambda item: item[0])], failed
 
 
-def _count_epochs(epochs: Any, bar: Any) -> None:
-    """Advance ``bar`` by each item the workers put on the ``epochs`` queue, until a ``None``."""
-    while epochs.get() is not None:
-        bar.update(1)
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _say_what_is_kept(jobs: list[dict[str, Any]], finished: list[int]) -> None:
+    folders = [jobs[i]["train"]["output_dir"] for i in sorted(finished)]
+    print(f"\nstopped: {len(folders)} of {len(jobs)} runs complete" + (f" ({', '.join(folders)})" if folders else "")
+          + "; the others were ended mid-run. Run the same command with --resume to keep the complete runs and "
+          "train the others again.", flush=True)
+
+
+def _count_epochs(epochs: Any, progress: Progress) -> None:
+    """Advance ``progress`` by each count the workers put on the ``epochs`` queue, until a ``None``."""
+    try:
+        while (count := epochs.get()) is not None:
+            progress.update(count)
+    except (EOFError, OSError):  # the queue's manager is gone: the command was stopped
+        return
 
 
 def columns(sizes: list[int], unit: str = "grid") -> list[tuple[str, int, bool, bool]]:

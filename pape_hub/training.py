@@ -47,7 +47,6 @@ from timm.loss import SoftTargetCrossEntropy
 from timm.models import get_pretrained_cfg
 from torch.utils.data import DataLoader
 from torchvision import transforms
-from tqdm.auto import tqdm
 
 from .checkpoint import atomic_write, recover_dir, replace_dir, save_checkpoint
 from .data import (
@@ -62,6 +61,7 @@ from .data import (
     is_video_spec,
 )
 from .models import model_args_for
+from .progress import Progress, duration
 from .recipes import (
     AUGMENTATION_PRESETS,
     RECIPE_SETTINGS,
@@ -104,7 +104,8 @@ class TrainConfig:
     """Every setting of a training run; each field is also a ``pape-hub train`` flag (``--field-name``), described
     here once. The settings a recipe states default to None and are filled from it (``__post_init__``)."""
 
-    model: str = setting("vit_t4_rope_mixed", "a registered model name (pape_hub.list_pape_models())")
+    model: str = setting("vit_m12_rope_mixed", "a registered model name (pape_hub.list_pape_models(); vit_m12_* is "
+                         "the arrow task's micro ViT, a minute an epoch on a laptop CPU)")
     model_kwargs: dict[str, Any] = setting(help='JSON object of extra model constructor arguments (e.g. {"in_chans": '
                                            '1} for grey images)', default_factory=dict)
     dataset: str = setting("arrows", DATASET_SPECS)
@@ -226,7 +227,7 @@ def evaluate_loader(model: torch.nn.Module, loader: Any, accelerator: Accelerato
     model.eval()
     correct1 = correct5 = loss_sum = count = 0.0
     main = accelerator is None or accelerator.is_main_process
-    for images, labels in tqdm(loader, desc=progress, leave=False, disable=progress is None or not main):
+    for images, labels in Progress(loader, desc=progress or "", enabled=progress is not None and main, unit="batch"):
         if position_interpolation is None:
             logits = model(images).float()
         else:  # a pape_hub model (not wrapped): the setting passed down for this call
@@ -508,7 +509,19 @@ def train(cfg: TrainConfig, on_epoch: Callable[[dict[str, Any]], None] | None = 
         torch.set_flush_denormal(True)
     set_seed(cfg.seed)
     warn_if_launched_as_one(accelerator)
+    talk = accelerator.is_main_process and not cfg.quiet
+    if talk:  # at once: the data and the model take a while to prepare
+        print(f"training {cfg.model} on {cfg.dataset} for {cfg.epochs} epochs into {cfg.output_dir} "
+              f"({accelerator.device}, {torch.get_num_threads()} threads x {accelerator.num_processes} process(es)); "
+              "preparing the data and the model", flush=True)
     run = build_run(cfg, accelerator)
+    if talk:
+        sizes = " / ".join(f"{len(split):,} {name}" for name, split in (("training", run.data.train),
+                                                                        ("validation", run.data.val),
+                                                                        ("test", run.data.test)) if split is not None)
+        parameters = sum(p.numel() for p in accelerator.unwrap_model(run.model).parameters())
+        print(f"  {parameters / 1e6:.2f}M parameters; {sizes} samples; {run.steps_per_epoch} steps of "
+              f"{cfg.batch_size * cfg.grad_accum} per epoch", flush=True)
     lock = claim_output_dir(cfg, accelerator.is_main_process)
     try:
         return fit(cfg, accelerator, run, on_epoch)
@@ -648,16 +661,23 @@ def fit(cfg: TrainConfig, accelerator: Accelerator, run: Run,
     started = time.time()
     last_epoch = cfg.epochs if cfg.stop_after_epoch is None else min(cfg.epochs, cfg.stop_after_epoch)
     for epoch in range(start_epoch, last_epoch):
+        epoch_started = time.time()
         train_loss = train_one_epoch(cfg, accelerator, run, epoch)
         val = evaluate_loader(run.model, run.val_loader, accelerator)
         record = dict(epoch=epoch, train_loss=train_loss, val_top1=val["top1"], val_top5=val["top5"],
                       val_loss=val["loss"], lr=run.scheduler.get_last_lr()[0],
-                      images_seen=(epoch + 1) * len(run.data.train), elapsed_s=round(time.time() - started, 1))
+                      images_seen=(epoch + 1) * len(run.data.train), epoch_s=round(time.time() - epoch_started, 1),
+                      elapsed_s=round(time.time() - started, 1))
         history.append(record)
         accelerator.log(record, step=epoch)
         if val["top1"] > best["top1"]:
             best = dict(top1=val["top1"], epoch=epoch)
         save_epoch(cfg, accelerator, run, record, best, history)
+        if main and not cfg.quiet:
+            left = (time.time() - started) / (epoch + 1 - start_epoch) * (last_epoch - epoch - 1)
+            print(f"epoch {epoch + 1}/{cfg.epochs}: train loss {train_loss:.4f}, val top-1 {val['top1']:.4f}, "
+                  f"{duration(record['epoch_s'])} this epoch, {duration(record['elapsed_s'])} elapsed"
+                  + (f", {duration(left)} left" if left else ""), flush=True)
         if on_epoch is not None and main:
             on_epoch(record)
     return finish(cfg, accelerator, run, best, history, started)
@@ -669,9 +689,9 @@ def train_one_epoch(cfg: TrainConfig, accelerator: Accelerator, run: Run, epoch:
     run.model.train()
     run.train_loader.set_epoch(epoch)
     loss_sum, seen = 0.0, 0
-    # a bar on a terminal; none in a log file (disable=None), where the per-epoch line below is the progress
-    bar = tqdm(run.train_loader, desc=f"epoch {epoch + 1}/{cfg.epochs}",
-               disable=True if not accelerator.is_main_process or cfg.quiet else None, leave=False)
+    # a bar on a terminal; in a log, a plain line every 30 s (and the per-epoch line save_epoch prints)
+    bar = Progress(run.train_loader, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="batch",
+                   enabled=accelerator.is_main_process and not cfg.quiet)
     for step, (images, labels) in enumerate(bar):
         with accelerator.accumulate(run.model):
             targets = labels
@@ -721,9 +741,6 @@ def save_epoch(cfg: TrainConfig, accelerator: Accelerator, run: Run, record: dic
         # the whole file from the history the state holds: a run resumed after a kill or a failed save never repeats
         # an epoch's line
         atomic_write(out / "metrics.jsonl", lambda p: p.write_text("".join(json.dumps(h) + "\n" for h in history)))
-        if not cfg.quiet:
-            print(f"epoch {epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}, "
-                  f"val top-1 {record['val_top1']:.4f}, {record['elapsed_s']}s", flush=True)
         shutil.rmtree(out / ".state.tmp", ignore_errors=True)  # what a killed save left: never complete
         (out / ".state.tmp").mkdir()  # before any process writes its share of the state into it
     accelerator.wait_for_everyone()

@@ -201,6 +201,8 @@ def test_generated_tasks_answer_what_callers_ask():
     assert (base.grid, base.num_arrows) == (5, 8)
     assert [arrows.size_of(s) for s in arrows.sweep(base, [4, 6])] == [4, 6]
     assert [motion.size_of(s) for s in motion.sweep(MotionConfig(), [(6, 7), (10, 5)])] == ["6x7", "10x5"]
-    assert arrows.sweep(base, None) == [base]
+    # by default, the sizes the task is compared at (the main job's grids; the motion comparison's clips)
+    assert [arrows.size_of(s) for s in arrows.sweep(base, None)] == [5, 7, 9]
+    assert [motion.size_of(s) for s in motion.sweep(MotionConfig(), None)] == ["6x5", "6x7", "10x5"]
     x, label = motion.dataset(2, MotionConfig(), seed=0, normalize=None, channels=1)[0]
     assert x.shape == (1, 6, 40, 40) and 0 <= label < 4

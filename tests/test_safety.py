@@ -184,7 +184,7 @@ def test_cli_version_errors_and_help_defaults():
     assert "Traceback" in debug.stderr
     help_text = run_cli("train", "--help").stdout
     words = " ".join(help_text.split())
-    assert "(default: 8)" in words and "(default: vit_t4_rope_mixed)" in words
+    assert "(default: 8)" in words and "(default: vit_m12_rope_mixed)" in words
     assert '    pape-hub train --model vit_t4_pape --dataset digits --img-size 16 --aug none \\' in help_text
 
 

@@ -28,7 +28,7 @@ from ..experiment import make_job
 from ..records import Comparison, Evaluation
 
 DEFAULT_ENCODINGS = ["ape", "rope_mixed", "pape", "pape_ri", "liere8", "alibi"]
-ARROW_MODEL = dict(embed_dim=96, depth=4, num_heads=4, global_pool="avg", class_token=False)
+ARROW_MODEL = dict(embed_dim=96, depth=4, num_heads=4, global_pool="avg", class_token=False)  # vit_m12_*'s
 SETTINGS = {
     "default": dict(grid=4, cell=12, num_arrows=4, num_letters=0, hard_negatives=0),
     "paper": dict(grid=9, cell=12, num_arrows=8, num_letters=5, hard_negatives=1),
@@ -65,6 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the seed-0 checkpoints are pushed and loaded back from: 'auto' = the Hub your "
                         "token points at if one is configured, else a Hub endpoint started on 127.0.0.1")
     parser.add_argument("--hub-namespace", default="pape-hub", help="user or organisation of the pushed repos")
+    parser.add_argument("--resume", action="store_true", help="keep the runs a stopped run of this command completed "
+                        "with the same settings (their folders under --output-dir) and train only the others")
 
 
 def run_setting(args: argparse.Namespace) -> tuple[str, dict[str, int], int, Path | None]:
@@ -80,13 +82,14 @@ def run_setting(args: argparse.Namespace) -> tuple[str, dict[str, int], int, Pat
 
 
 def model_name(encoding: str) -> str:
-    """The timm entry point the arrow model is built from (its size is overridden by ARROW_MODEL)."""
-    return f"vit_t4_{encoding}"
+    """The timm entry point of the arrow task's model: ``vit_m12_*`` is ARROW_MODEL with 12-px patches."""
+    return f"vit_m12_{encoding}"
 
 
 def arrow_job(label: str, encoding: str, kwargs: dict[str, Any], seed: int, setting: dict[str, int], epochs: int,
               args: argparse.Namespace, root: Path, grids: list[int]) -> dict[str, Any]:
-    train = dict(model=model_name(encoding), model_kwargs=dict(ARROW_MODEL, patch_size=setting["cell"]),
+    patch = {} if setting["cell"] == 12 else {"patch_size": setting["cell"]}  # a patch is a cell
+    train = dict(model=model_name(encoding), model_kwargs=patch,
                  dataset="arrows", epochs=epochs, batch_size=128, lr=2e-3, warmup_epochs=1, label_smoothing=0.0,
                  drop_path=0.0, weight_decay=0.05, recipe=args.recipe, train_size=args.train_size,
                  eval_size=args.eval_size, arrow=setting, quiet=False, overwrite=True,
@@ -108,8 +111,8 @@ def run(args: argparse.Namespace) -> int:
     grids = [int(g) for g in args.eval_grids.split(",")] if args.eval_grids else \
         [setting["grid"], setting["grid"] + 2, setting["grid"] + 4]
     root = Path(args.output_dir)
-    jobs = [arrow_job(label, enc, kwargs, seed, setting, epochs, args, root, grids) for label, enc, kwargs in specs
-            for seed in seeds]
+    jobs = [dict(arrow_job(label, enc, kwargs, seed, setting, epochs, args, root, grids), reuse_complete=args.resume)
+            for label, enc, kwargs in specs for seed in seeds]
     hub = None
     if args.hub != "none":
         from ..hub import HubTarget
@@ -123,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         return f"best val {result.train['best_val_top1']:.3f}, test grid {grids[0]} {result.accuracy(grids[0]):.3f}"
 
     recipe = {k: v for k, v in jobs[0]["train"].items() if k not in ("output_dir", "seed", "model", "model_kwargs")}
-    facts = dict(provenance=provenance("arrows", getattr(args, "command_line", None)),
+    # the behaviour probes (a minute) only where a results file will record them
+    facts = dict(provenance=provenance("arrows", getattr(args, "command_line", None)) if results_dir else None,
                  task=dict(setting=setting_name, **setting), model=dict(ARROW_MODEL, patch_size=setting["cell"]),
                  recipe={**recipe, "init_from": args.init_from}, epochs=epochs, train_size=args.train_size,
                  eval_size=args.eval_size)

@@ -66,6 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", default=None, help="checkpoints and logs (default outputs/compare_<data>)")
     parser.add_argument("--results-dir", default=None, help="table, JSON and plot (default: the preset's, e.g. "
                         "results/digits; 'none' to skip)")
+    parser.add_argument("--resume", action="store_true", help="keep the runs a stopped run of this command completed "
+                        "with the same settings (their folders under --output-dir) and train only the others")
 
 
 def resolve(args: argparse.Namespace) -> dict[str, Any]:
@@ -108,9 +110,10 @@ def run(args: argparse.Namespace) -> int:
                                                           "model")}
     sweep = dict(dataset=args.dataset, **({"clips": sizes} if video else {"resolutions": sizes}),
                  **({"eval_size": setup["eval_size"]} if "eval_size" in setup else {}))
-    jobs = [make_job(label, kwargs, seed, root, sweep=sweep,
-                     train=dict(model=setup["model"].format(encoding=enc), model_kwargs=setup["model_kwargs"],
-                                dataset=args.dataset, quiet=False, overwrite=True, **recipe))
+    jobs = [dict(make_job(label, kwargs, seed, root, sweep=sweep,
+                          train=dict(model=setup["model"].format(encoding=enc), model_kwargs=setup["model_kwargs"],
+                                     dataset=args.dataset, quiet=False, overwrite=True, **recipe)),
+                 reuse_complete=args.resume)
             for label, enc, kwargs in specs for seed in seeds]
     print(f"training {len(jobs)} model(s) on {args.dataset}, {setup['epochs']} epochs, {args.jobs} at a time; "
           f"evaluating at {sizes}; logs in {root}/", flush=True)
@@ -119,9 +122,10 @@ def run(args: argparse.Namespace) -> int:
         test = result.train.get("test", {}).get("top1")
         return f"best val {result.train['best_val_top1']:.3f}" + (f", test {test:.3f}" if test is not None else "")
 
-    facts = dict(provenance=provenance("compare", getattr(args, "command_line", None)), dataset=args.dataset,
-                 model=dict(setup["model_kwargs"], name=setup["model"]), recipe=recipe)
     results_dir = None if setup["results_dir"] == "none" else Path(setup["results_dir"])
+    # the behaviour probes (a minute) only where a results file will record them
+    facts = dict(provenance=provenance("compare", getattr(args, "command_line", None)) if results_dir else None,
+                 dataset=args.dataset, model=dict(setup["model_kwargs"], name=setup["model"]), recipe=recipe)
     summary = run_comparison(jobs, args.jobs, describe, facts, sizes, "clip" if video else "px", results_dir,
                              title=f"{args.dataset}: trained at {sizes[0]}, mean and range over seeds {seeds}")
     print(f"wall time {summary.wall_s}s; checkpoints in {root}/<encoding>_seed<k>/best")

@@ -27,10 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "output folder (its best/ is evaluated)")
     parser.add_argument("--dataset", default=None, help=f"{DATASET_SPECS} (default: the built-in task or digits the "
                         "checkpoint was trained on; other datasets must be named)")
-    parser.add_argument("--sizes", default=None, help="arrow task: comma-separated grid sizes, e.g. 4,6,8")
-    parser.add_argument("--resolutions", default=None, help="images: comma-separated sizes, e.g. 224,384")
+    parser.add_argument("--sizes", default=None, help="arrow task: comma-separated grid sizes (default: the training "
+                        "grid g and g + 2, g + 4, as the main job compares them)")
+    parser.add_argument("--resolutions", default=None, help="images: comma-separated sizes (default: 1x, 1.5x and 2x "
+                        "the training size)")
     parser.add_argument("--clips", default=None, help="video: comma-separated FRAMESxSIZE, e.g. 6x5,6x7,10x5 "
-                        "(motion task: size in cells) or 16x224,32x224 (video folders: pixels)")
+                        "(motion task: size in cells; default: the training clip, 2 more cells, 2 more time steps) or "
+                        "16x224,32x224 (video folders: pixels; default: the training clip)")
     parser.add_argument("--interpolation", choices=["both", "on", "off"], default="both")
     parser.add_argument("--split", choices=["test", "val"], default="test")
     parser.add_argument("--eval-size", type=int, default=2000, help="arrow task: samples per grid size")
@@ -58,9 +61,14 @@ def run(args: argparse.Namespace) -> int:
                                  patch_shuffle={"trained": True, "all": "all", "none": False}[args.patch_shuffle],
                                  clips=args.clips.split(",") if args.clips else None)
     output, plot = save_evaluation(result, checkpoint, args.output)
-    print(f"{'size':>6} {'interp':>6} {'shuffle':>7} {'top-1':>7} {'top-5':>7}")
+    top5 = (result.num_classes or 6) > 5  # with 5 classes or fewer, top-5 is 1 whatever the model does
+    print(f"{'size':>6} {'interp':>6} {'shuffle':>7} {'top-1':>7}" + (f" {'top-5':>7}" if top5 else ""))
     for row in result.rows:
-        print(f"{row.size:>6} {str(row.interpolation):>6} {str(row.patch_shuffle):>7} {row.top1:>7.4f} "
-              f"{row.top5:>7.4f}")
+        print(f"{row.size:>6} {str(row.interpolation):>6} {str(row.patch_shuffle):>7} {row.top1:>7.4f}"
+              + (f" {row.top5:>7.4f}" if top5 else ""))
+    if (chance := result.at_chance()) is not None:
+        row, (low, high) = chance
+        print(f"note: top-1 {row.top1:.4f} at the training size lies within chance's 95% interval ({low:.4f} to "
+              f"{high:.4f} for {result.num_classes} classes, {row.count} samples): the model learned nothing usable")
     print(f"wrote {output} and {plot}")
     return 0

@@ -57,11 +57,18 @@ class GeneratedTask:
         """A setting's evaluation size: the arrow grid, or the motion clip as ``FRAMESxGRID``."""
         return f"{setting.frames}x{setting.grid}" if self.is_video else setting.grid
 
+    def default_sizes(self, base: Any) -> list[Any]:
+        """The sizes a task is compared at (``pape-hub arrows`` and ``compare``): the training size and two larger
+        ones - arrow grids g, g + 2, g + 4; motion clips of 2 more cells per side and of 2 more time steps."""
+        if self.is_video:
+            return [(base.frames, base.grid), (base.frames, base.grid + 2),
+                    (base.frames + 2 * base.tubelet_frames, base.grid)]
+        return [base.grid, base.grid + 2, base.grid + 4]
+
     def sweep(self, base: Any, sizes: list[Any] | None) -> list[Any]:
         """The settings an evaluation scores: ``base`` at each size (arrow grids; motion ``(frames, grid)``
-        pairs), or ``base`` alone."""
-        if not sizes:
-            return [base]
+        pairs); by default at :meth:`default_sizes`."""
+        sizes = sizes or self.default_sizes(base)
         if self.is_video:
             return [dataclasses.replace(base, frames=frames, grid=grid) for frames, grid in sizes]
         return [dataclasses.replace(base, grid=grid) for grid in sizes]

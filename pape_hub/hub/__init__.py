@@ -63,15 +63,18 @@ def check_push_target(repo_id: str) -> str:
     if token is None:
         raise PermissionError(f"pushing to {repo_id} needs a Hugging Face token with write access: set HF_TOKEN or "
                               f"run `hf auth login` (endpoint {constants.ENDPOINT})")
+    if constants.HF_HUB_OFFLINE:  # no request can succeed: say so at once instead of retrying
+        raise ConnectionError(f"pushing to {repo_id} needs the Hub, but HF_HUB_OFFLINE is set; unset it")
+    print(f"checking the token with {constants.ENDPOINT} ...", file=sys.stderr, flush=True)
     try:
         HfApi(token=token).whoami()
     except HfHubHTTPError as err:
         status = getattr(err.response, "status_code", None)
         raise PermissionError(f"the Hub at {constants.ENDPOINT} refused the token (HTTP {status}); check HF_TOKEN"
                               ) from err
-    except OSError as err:
-        raise ConnectionError(f"cannot reach the Hub at {constants.ENDPOINT} ({err}); check the network or "
-                              "HF_ENDPOINT (`pape-hub hub serve` runs one on this machine)") from err
+    except Exception as err:  # noqa: BLE001 - the HTTP client's connection errors are not OSErrors
+        raise ConnectionError(f"cannot reach the Hub at {constants.ENDPOINT} ({type(err).__name__}: {err}); check "
+                              "the network or HF_ENDPOINT (`pape-hub hub serve` runs one on this machine)") from err
     return repo_id
 
 

@@ -2,9 +2,11 @@
 ``{family}_{size}{patch}_{encoding}``.
 
 ``vit_b16_pape`` = ViT-B, patch 16 at 224^2, PaPE. ``vit_t4_rope_mixed`` = ViT-Ti, patch 4 at 32^2 (the
-CIFAR setting of the papers), RoPE-Mixed. ``vivit_b16_pape`` = ViViT-B, 16 frames of 224^2 in 2 x 16 x 16 tubelets
-(Kinetics-400 classes), PaPE; video models exist for the encodings defined in 3-D. Add a size or setting to the
-tables below; nothing else changes.
+CIFAR setting of the papers), RoPE-Mixed. ``vit_m12_pape`` = the arrow task's model: a micro ViT (width 96, depth 4,
+4 heads), patch 12 at 48^2 (a 4 x 4 grid of 12-px cells), average pooling without CLS, 4 classes - what ``pape-hub
+arrows`` trains and ``pape-hub train`` trains by default, a minute an epoch on a laptop CPU. ``vivit_b16_pape`` =
+ViViT-B, 16 frames of 224^2 in 2 x 16 x 16 tubelets (Kinetics-400 classes), PaPE; video models exist for the
+encodings defined in 3-D. Add a size or setting to the tables below; nothing else changes.
 """
 
 from __future__ import annotations
@@ -39,10 +41,16 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
     "s": dict(embed_dim=384, depth=12, num_heads=6),  # ViT-S
     "b": dict(embed_dim=768, depth=12, num_heads=12),  # ViT-B
     "l": dict(embed_dim=1024, depth=24, num_heads=16),  # ViT-L
+    "m": dict(embed_dim=96, depth=4, num_heads=4),  # micro: the arrow task's (pape-hub arrows)
 }
+#: the arrow task's pixel statistics (``pape_hub.data.arrow_statistics`` of its default setting); a training run
+#: normalises with its task's own statistics and records them in the checkpoint
+ARROW_MEAN, ARROW_STD = (0.044157,) * 3, (0.171325,) * 3
 PATCH_SETTINGS: dict[int, dict[str, Any]] = {
     16: dict(img_size=224, sizes="tsbl", num_classes=1000, mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD),
-    4: dict(img_size=32, sizes="ts", num_classes=10, mean=CIFAR_MEAN, std=CIFAR_STD),
+    4: dict(img_size=32, sizes="ts", num_classes=10, mean=CIFAR_MEAN, std=CIFAR_STD, crop_pct=1.0),
+    12: dict(img_size=48, sizes="m", num_classes=4, mean=ARROW_MEAN, std=ARROW_STD, crop_pct=1.0,
+             model_args=dict(global_pool="avg", class_token=False)),
 }
 #: video settings by spatial patch size: clip length, tubelet, classes (ViViT-B/16x2 on Kinetics-400)
 VIDEO_SETTINGS: dict[int, dict[str, Any]] = {
@@ -50,6 +58,7 @@ VIDEO_SETTINGS: dict[int, dict[str, Any]] = {
              std=IMAGENET_DEFAULT_STD),
 }
 FAMILIES = {"vit": (VisionTransformer, PATCH_SETTINGS), "vivit": (VideoVisionTransformer, VIDEO_SETTINGS)}
+SIZE_NAMES = {"m": "micro (width 96, depth 4)"}
 
 
 def _names() -> dict[str, tuple[str, str, int, str]]:
@@ -79,7 +88,7 @@ def model_args_for(name: str) -> dict[str, Any]:
     family, size, patch, enc = _MODELS[name]
     setting = FAMILIES[family][1][patch]
     args = dict(img_size=setting["img_size"], num_classes=setting["num_classes"], position_encoding=enc,
-                **MODEL_SIZES[size])
+                **MODEL_SIZES[size], **setting.get("model_args", {}))
     if family == "vivit":
         args.update(num_frames=setting["num_frames"], tubelet_size=(setting["tubelet_frames"], patch, patch))
     else:
@@ -93,10 +102,10 @@ def _cfg(name: str) -> dict[str, Any]:
     weights = {"hf_hub_id": PUBLISHED_WEIGHTS[name]} if name in PUBLISHED_WEIGHTS else {}
     return dict(
         **weights, num_classes=setting["num_classes"],
-        input_size=(3, setting["img_size"], setting["img_size"]), pool_size=None, crop_pct=1.0 if patch == 4 else 0.9,
+        input_size=(3, setting["img_size"], setting["img_size"]), pool_size=None, crop_pct=setting.get("crop_pct", 0.9),
         interpolation="bicubic", fixed_input_size=False, mean=setting["mean"], std=setting["std"],
         first_conv="patch_embed.proj", classifier="head", license="apache-2.0",
-        notes=(f"{'ViViT' if family == 'vivit' else 'ViT'}-{size.upper()}/{patch}"
+        notes=(f"{'ViViT' if family == 'vivit' else 'ViT'}-{SIZE_NAMES.get(size, size.upper())}/{patch}"
                + (f", {setting['num_frames']} frames, tubelets of {setting['tubelet_frames']}" if family == "vivit"
                   else "") + f", {enc} position encoding",),
     )
