@@ -117,17 +117,23 @@ def profile_block(results: Path, name: str) -> str:
     if data is None:
         return f"_Not measured yet: `results/{name}` is missing._\n"
     lines = ["| encoding | forward kernels / layer | forward MB / layer | training-step kernels / layer | "
-             "training-step MB / layer | head width in SDPA |", "|---|---|---|---|---|---|"]
+             "training-step MB / layer | head width in SDPA | bf16 calls / forward | × `ape` | float32 matmul |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    ape = data["rows"].get("ape", {}).get("autocast", {}).get("calls")
     for enc, row in data["rows"].items():
-        fwd, step = row["forward"], row["train"]
+        fwd, step, calls = row["forward"], row["train"], row.get("autocast")
         train_kernels = step["kernels_per_layer"] + step["backward_kernels_per_layer"]
         train_mb = (step["bytes_per_layer"] + step["backward_bytes_per_layer"]) / 2**20
+        counted = (f"{calls['calls']} | {calls['calls'] / ape:.2f} | {100 * calls['float32_matmul_share']:.1f}%"
+                   if calls and ape else "- | - | -")
         lines.append(f"| `{enc}` | {fwd['kernels_per_layer']:.0f} | {fwd['bytes_per_layer'] / 2**20:.1f} | "
-                     f"{train_kernels:.0f} | {train_mb:.1f} | {fwd['head_width']} |")
+                     f"{train_kernels:.0f} | {train_mb:.1f} | {fwd['head_width']} | {counted} |")
     lines += ["", f"ViT-{data['size'].upper()}/16 at {data['resolution']} px, batch {data['batch_size']}, float32: "
               "aten operators that do work inside the encoding's hooks per layer (views not counted; backward "
-              "matched through autograd) and the bytes they read and write. "
-              f"{provenance_line(data)}"]
+              "matched through autograd) and the bytes they read and write. Under bf16 autocast: every aten call "
+              "of one forward (views too: each is a dispatch, and on a GPU at small batches launches dominate) "
+              "and the share of matrix-product FLOPs left in float32 (device-independent counts, which "
+              f"`tests/test_gpu_ready.py` holds). {provenance_line(data)}"]
     return "\n".join(lines) + "\n"
 
 

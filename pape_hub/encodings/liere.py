@@ -13,8 +13,8 @@ The reference code overwrites its per-layer rotations inside the layer loop, so 
 layer 0's rotation and the other layers' generators get no gradient. Here each layer uses its own.
 
 Rotations are computed in float32 with ``matrix_exp``: at inference once per grid for all layers (one layer at a
-time, into one cached tensor: 0.46 GB for dense LieRE at ViT-B/16 224 px, 1.85 GB at 448; invalidated when the
-parameters change); in training once per step and layer, inside that
+time, cached: 0.46 GB for dense LieRE at ViT-B/16 224 px, 1.85 GB at 448, half that in bf16 under autocast;
+invalidated when the parameters change); in training once per step and layer, inside that
 layer (so with gradient checkpointing they are recomputed there, and only one layer's intermediates live).
 """
 
@@ -85,8 +85,8 @@ class LieRE(PositionEncoding):
         generator), so every token is rotated by one einsum with no slicing."""
         return torch.nn.functional.pad(pos.coords, (0, 0, pos.num_prefix_tokens, 0))
 
-    def prepare(self, pos: TokenPositions) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(token coordinates, all-layer rotations). While gradients flow into the generators the rotations are
+    def prepare(self, pos: TokenPositions) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """(token coordinates, each layer's rotations). While gradients flow into the generators the rotations are
         left to :meth:`transform_qk`, one layer at a time: the backward of one all-layer ``matrix_exp`` would hold
         every layer's intermediates at once (over 10 GB for dense LieRE at ViT-B/16)."""
         if (torch.is_grad_enabled() and self.generators.requires_grad) or torch.compiler.is_compiling():
@@ -95,25 +95,26 @@ class LieRE(PositionEncoding):
             return self.token_coordinates(pos), None
         return self.token_coordinates(pos), self._cached_rotations(pos)
 
-    def _cached_rotations(self, pos: TokenPositions) -> torch.Tensor:
-        def build() -> torch.Tensor:
-            # layer by layer into one tensor: matrix_exp's temporaries for every layer at once need ~10x the
-            # result (over 20 GB for dense LieRE at ViT-B/16, 448 px)
-            with full_precision(pos.coords.device):
-                coords = self.token_coordinates(pos)
-                first = self.rotations(coords, 0)
-                out = first.new_empty((self.ctx.depth, *first.shape))
-                out[0] = first
-                for layer in range(1, self.ctx.depth):
-                    out[layer] = self.rotations(coords, layer)
-                return out
+    def _cached_rotations(self, pos: TokenPositions) -> tuple[torch.Tensor, ...]:
+        """Computed in float32 one layer at a time (matrix_exp's temporaries for every layer at once need ~10x the
+        result: over 20 GB for dense LieRE at ViT-B/16, 448 px), kept in the dtype q and k have under autocast
+        (its matmul would cast them to it in every layer anyway)."""
+        device = pos.coords.device
+        working = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
 
-        return self.cached(pos.cache_key(), build, depends_on_params=True)
+        def build() -> tuple[torch.Tensor, ...]:
+            with full_precision(device):
+                coords = self.token_coordinates(pos)
+                rotations = [self.rotations(coords, layer) for layer in range(self.ctx.depth)]
+            return tuple(rot.to(working or rot.dtype) for rot in rotations)
+
+        return self.cached((pos.cache_key(), working), build, depends_on_params=True)
 
     def rotate(self, qk: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
-        """qk: (2, B, H, P+N, hd); rot: (H, P+N, G, b, b). Rotates the first G*b dims of every token."""
+        """qk: (2, B, H, P+N, hd); rot: (H, P+N, G, b, b). Rotates the first G*b dims of every token, in the
+        rotations' precision (float32; under autocast, its dtype)."""
         span = self.num_blocks * self.block_size
-        work = qk.to(rot.dtype)
+        work = qk if torch.is_autocast_enabled(qk.device.type) else qk.to(rot.dtype)
         blocks = work[..., :span].unflatten(-1, (self.num_blocks, self.block_size))  # (2, B, H, T, G, b)
         rotated = torch.einsum("htgij,sbhtgj->sbhtgi", rot, blocks).flatten(-2)
         if span < qk.shape[-1]:  # head dims beyond the last full block stay as they are

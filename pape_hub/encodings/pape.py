@@ -115,20 +115,35 @@ class ParabolicEncoding(PositionEncoding):
         """x (B, T, D) -> (B, H, T, channels + padding) query coefficients of layer ``layer``."""
         raise NotImplementedError
 
-    def prepare(self, pos: TokenPositions) -> dict[str, torch.Tensor]:
-        def build() -> dict[str, torch.Tensor]:
-            with full_precision(pos.coords.device):
+    def prepare(self, pos: TokenPositions) -> dict[str, Any]:
+        """Positions, the keys' channels (in the dtype q and k have: autocast's, else the positions'), and the
+        per-layer state as one tensor per layer (a layer takes its own without an indexing op)."""
+        device = pos.coords.device
+        working = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+
+        def build() -> dict[str, Any]:
+            with full_precision(device):
                 r = self.token_positions(pos)
                 padding = self.padding(r.device)
                 keys = F.pad(self.key_channels(r), (0, padding))  # (T, channels + padding)
-                return dict(r=r, keys=keys, **self.layer_state(r, padding))
+                layers = {name: tuple(t.unbind(0)) for name, t in self.layer_state(r, padding).items()}
+                return dict(r=r, keys=keys.to(working or keys.dtype), **layers)
 
-        return self.cached(pos.cache_key(), build, depends_on_params=True)
+        return self.cached((pos.cache_key(), working), build, depends_on_params=True)
+
+    #: whether the query channels are computed in float32 under autocast. tests/test_precision.py decides it per
+    #: encoding in float64 at 4x the training grid: a bf16 projection adds error to PaPE's quadratic channels
+    #: there (its attention drifts further from float64 than with a float32 projection) but not to PaPE-RI's
+    float32_projection = True
 
     def transform_qk(self, layer: int, qk: torch.Tensor, x: torch.Tensor, state: Any) -> torch.Tensor:
-        with full_precision(x.device):
-            queries = self.query_channels(layer, x.to(state["keys"].dtype), state)  # (B, H, T, E)
-        extra = torch.stack([queries, state["keys"].expand_as(queries)]).to(qk.dtype)  # (2, B, H, T, E)
+        keys = state["keys"]
+        if self.float32_projection or not torch.is_autocast_enabled(x.device.type):
+            with full_precision(x.device):  # the positions' precision: float32, or float64 in the property tests
+                queries = self.query_channels(layer, x.to(state["r"].dtype), state)  # (B, H, T, E)
+        else:  # the autocast dtype, as q and k themselves
+            queries = self.query_channels(layer, x, state)
+        extra = torch.stack([queries.to(qk.dtype), keys.expand_as(queries)])  # (2, B, H, T, E)
         return torch.cat([qk, extra], dim=-1)
 
 
@@ -169,28 +184,32 @@ class PaPE(ParabolicEncoding):
         return quadratic_key_monomials(r)
 
     def layer_state(self, r: torch.Tensor, padding: int) -> dict[str, torch.Tensor]:
-        """With sp = softplus(W_a x) (so a = -sp), the query channels are
-        ``[sp @ quad_from_curvature, (sp * s) @ lin_from_curvature + W_p^T W_b x]``."""
+        """With sp = softplus(W_a x) (so a = -sp), head h's query channels are ``sp_h Q_h + (sp_h * s_h) L_h +
+        (W_p^T W_b)_h x``; for all heads at once that is one matrix product ``[sp, sp * s, x] @ coefficients``,
+        the per-head maps placed block-diagonally and the folded tilt below them. So a layer costs the curvature
+        projection, a softplus, a product with the positions, one concatenation and one matrix product."""
         depth, h, m, p = self.position_proj.shape
         w_p = self.position_proj.to(r.dtype)  # (L, H, m, p)
         rows, cols = _upper_pairs(p)
+        q = len(rows)
         weight = torch.tensor([1.0 if u == v else 2.0 for u, v in zip(rows, cols)], dtype=r.dtype, device=r.device)
-        quad = -w_p[..., rows] * w_p[..., cols] * weight  # (L, H, m, p(p+1)/2): -W_p^T diag(.) W_p entries
-        lin = F.pad(2 * w_p, (0, padding))  # (L, H, m, p + padding): -2 W_p^T (a * s) = 2 W_p^T (sp * s)
-        tilt = torch.einsum("lhmp,lhmd->lhpd", w_p, self.tilt_proj.to(r.dtype).unflatten(1, (h, m)))  # W_p^T W_b
-        tilt = F.pad(tilt, (0, 0, 0, padding))  # (L, H, p + padding, d), zero rows for the padding
-        projection = torch.cat([self.curvature_proj.to(r.dtype), tilt.flatten(1, 2)], dim=1)  # (L, H(m+p+pad), d)
-        s = torch.einsum("lhmp,tp->lhtm", w_p, r)  # (L, H, T, m) projected positions
-        return dict(quad=quad, lin=lin, projection=projection, s=s)
+        quad = -w_p[..., rows] * w_p[..., cols] * weight  # (L, H, m, q): -W_p^T diag(.) W_p entries
+        lin = 2 * w_p  # (L, H, m, p): -2 W_p^T (a * s) = 2 W_p^T (sp * s)
+        per_head = torch.stack([F.pad(quad, (0, p + padding)), F.pad(lin, (q, padding))], dim=1)  # (L, 2, H, m, C)
+        heads = torch.eye(h, dtype=r.dtype, device=r.device)
+        positional = torch.einsum("lshmc,hg->lshmgc", per_head, heads).reshape(depth, 2 * h * m, -1)  # rows:
+        # (sp or sp * s, head, parabola); columns: (head, channel), zero outside each head's own block
+        tilt = torch.einsum("lhmp,lhmd->ldhp", w_p, self.tilt_proj.to(r.dtype).unflatten(1, (h, m)))  # W_p^T W_b
+        tilt = F.pad(tilt, (q, padding)).flatten(2)  # (L, d, H C): zero for the quadratic and padding channels
+        s = torch.einsum("lhmp,tp->lthm", w_p, r).flatten(2)  # (L, T, H m) projected positions
+        return dict(curvature=self.curvature_proj.to(r.dtype).transpose(1, 2).contiguous(),  # (L, d, H m)
+                    coefficients=torch.cat([positional, tilt], dim=1), s=s)  # (L, 2 H m + d, H C)
 
-    def query_channels(self, layer: int, x: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
-        h, m = self.ctx.num_heads, self.num_parabolas
-        y = F.linear(x, state["projection"][layer])  # (B, T, H m + H (p + pad))
-        sp = F.softplus(y[..., : h * m]).unflatten(-1, (h, m)).transpose(1, 2)  # (B, H, T, m) = -a
-        tilt = y[..., h * m :].unflatten(-1, (h, -1)).transpose(1, 2)  # (B, H, T, p + pad) = W_p^T b
-        quad = sp @ state["quad"][layer]  # (B, H, T, p(p+1)/2)
-        lin = (sp * state["s"][layer]) @ state["lin"][layer] + tilt  # (B, H, T, p + pad)
-        return torch.cat([quad, lin], dim=-1)
+    def query_channels(self, layer: int, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
+        sp = F.softplus(x @ state["curvature"][layer].to(x.dtype))  # (B, T, H m) = -a
+        terms = torch.cat([sp, sp * state["s"][layer].to(sp.dtype), x], dim=-1)  # (B, T, 2 H m + d)
+        out = terms @ state["coefficients"][layer].to(terms.dtype)  # (B, T, H C)
+        return out.unflatten(-1, (self.ctx.num_heads, -1)).transpose(1, 2)  # (B, H, T, C)
 
     def coefficients(self, layer: int, x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The query's quadratic form, written out (for tests and reading; the forward uses the folded state):
@@ -235,6 +254,7 @@ class PaPERI(ParabolicEncoding):
     """
 
     paper = "PaPE-RI (Ohrstrom et al. 2026)"
+    float32_projection = False  # a bf16 curvature loses nothing at 4x the training grid (tests/test_precision.py)
 
     def __init__(self, ctx: EncodingContext, position_scale: float = 1.0, learned_scale: bool = False) -> None:
         super().__init__(ctx, position_scale)
@@ -275,7 +295,7 @@ class PaPERI(ParabolicEncoding):
 
     def query_channels(self, layer: int, x: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
         sp = F.softplus(F.linear(x, self.curvature_proj[layer].to(x.dtype)))  # (B, T, H)
-        return sp.transpose(1, 2)[..., None] * state["coefficients"][layer]  # (B, H, T, 2p + pad)
+        return sp.transpose(1, 2)[..., None] * state["coefficients"][layer].to(sp.dtype)  # (B, H, T, 2p + pad)
 
     def pairwise_scores(self, layer: int, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor,
                         pos: TokenPositions) -> torch.Tensor:
