@@ -15,11 +15,11 @@ $(STAMP): pyproject.toml requirements.lock
 setup: $(STAMP)
 
 main: $(STAMP)
-	$(VENV)/bin/pape-hub arrows
-	$(VENV)/bin/pape-hub report
+	$(VENV)/bin/python -m lab arrows
+	$(VENV)/bin/python -m lab report
 
 zoo: $(STAMP)
-	$(VENV)/bin/pape-hub zoo
+	$(VENV)/bin/python -m lab zoo
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -3,7 +3,7 @@
 A card is rendered from a checkpoint's ``config.json`` (architecture, encoding, the training recipe recorded at
 training time) and its records (:mod:`pape_hub.records`): the :class:`Evaluation` (``pape-hub eval`` or the main job:
 accuracy at each size, with and without position interpolation, and the patch-shuffle test) and, for a checkpoint of
-a comparison, its :class:`ComparisonContext` (the aggregate over seeds and a ``pape-hub bench`` JSON). Every number
+a comparison, its :class:`ComparisonContext` (the aggregate over seeds and a ``python -m lab bench`` JSON). Every number
 in the card is read from those records; nothing is typed. The YAML header carries ``model-index`` entries for every
 measured accuracy.
 """
@@ -126,7 +126,7 @@ def _bench_table(bench: dict[str, Any], encoding: str) -> str | None:
     if len(lines) == 2:
         return None
     return "\n".join(lines) + (f"\n\nMeasured for the encoding at ViT size (not this checkpoint's size) by "
-                               f"`{bench.get('provenance', {}).get('command', 'pape-hub bench')}`: {bench['device']}, "
+                               f"`{bench.get('provenance', {}).get('command', 'a benchmark')}`: {bench['device']}, "
                                f"{bench['dtype']}, batch {bench['batch_size']}, medians of {bench['repeats']} "
                                f"interleaved rounds, commit {bench.get('provenance', {}).get('commit', '?')}.")
 

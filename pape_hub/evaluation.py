@@ -164,7 +164,7 @@ def sweep_loaders(model: torch.nn.Module, config: dict[str, Any], dataset: str, 
 
 
 def default_resolutions(native: int, patch: int) -> list[int]:
-    """Where an image model is compared by default (``pape-hub compare``'s digits preset): 1x, 1.5x and 2x its
+    """Where an image model is compared by default (``python -m lab compare``'s digits preset): 1x, 1.5x and 2x its
     training size, in whole patches."""
     return list(dict.fromkeys([native, round(1.5 * native / patch) * patch, 2 * native]))
 

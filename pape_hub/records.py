@@ -235,7 +235,7 @@ _COMPARISON_FIELDS = ("sizes", "unit", "seeds", "encodings", "failed", "aggregat
 
 @dataclass
 class Comparison:
-    """Encodings trained over seeds and swept (``pape-hub arrows``, ``pape-hub compare``; ``summary.json``).
+    """Encodings trained over seeds and swept (``python -m lab arrows``, ``python -m lab compare``; ``summary.json``).
 
     ``facts`` say what was compared: the provenance first, then the task or dataset, model, recipe and budget, as
     the command records them. ``aggregate`` is each label's columns over seeds (mean, std, min, max, n, ci95);

@@ -259,8 +259,8 @@ def test_a_launch_that_asked_for_two_processes_and_started_one_says_so(tmp_path)
     args = ["--model", "vit_t4_pape", "--model-kwargs", '{"patch_size": 12, "embed_dim": 32, "depth": 1, '
             '"num_heads": 2}', "--epochs", "1", "--train-size", "32", "--eval-size", "16", "--batch-size", "16",
             "--output-dir", str(tmp_path / "run"), "--quiet"]
-    done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2",
-                           str(ROOT / "scripts" / "train.py"), *args], capture_output=True, text=True, timeout=600,
+    done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "-m",
+                           "pape_hub_cli", "train", *args], capture_output=True, text=True, timeout=600, cwd=ROOT,
                           env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "asked for 2 processes but started one" in done.stderr and "--multi_gpu" in done.stderr

@@ -1,6 +1,6 @@
 """Data-parallel training with accelerate on 2 CPU processes (gloo), launched as a user would:
-``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 scripts/train.py ...``. It shards the data,
-writes one checkpoint set, only the main process prints the summary, it matches one process at the same global
+``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 -m pape_hub_cli train ...``. It shards the
+data, writes one checkpoint set, only the main process prints the summary, it matches one process at the same global
 batch, and a run stopped after epoch 1 resumes to the same weights."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def launch(processes: int, out: Path, batch: int, *extra: str) -> subprocess.Com
     launcher = [str(accelerate), "launch", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                 "--num_processes", str(processes), *(["--multi_gpu"] if processes > 1 else ["--cpu"])]
     env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    done = subprocess.run([*launcher, str(ROOT / "scripts" / "train.py"), *COMMON, "--batch-size", str(batch),
+    done = subprocess.run([*launcher, "-m", "pape_hub_cli", "train", *COMMON, "--batch-size", str(batch),
                            "--output-dir", str(out), *extra], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

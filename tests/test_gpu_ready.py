@@ -1,6 +1,6 @@
 """GPU-readiness measured on the CPU (issue "GPU"): on a GPU at small batches eager kernels are launch-bound, so
 the aten calls of a forward are the cost to hold down; under bf16 autocast no matrix product may stay float32 unless
-a precision test says so. The counts are device-independent; `pape-hub profile` writes them for ViT-B/16 into
+a precision test says so. The counts are device-independent; `python -m lab profile` writes them for ViT-B/16 into
 results/profile_vit_b16_224_cpu.json and this test holds every encoding to them (a model 128 wide with 2 heads of
 64 and 12 layers makes exactly ViT-B/16's calls)."""
 
@@ -14,7 +14,7 @@ import timm
 import torch
 
 import pape_hub
-from pape_hub.commands.profile import CALLS_LIMIT, FLOAT32_UNDER_AUTOCAST, OVER_LIMIT, forward_calls
+from lab.commands.profile import CALLS_LIMIT, FLOAT32_UNDER_AUTOCAST, OVER_LIMIT, forward_calls
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = json.loads((ROOT / "results" / "profile_vit_b16_224_cpu.json").read_text())["rows"]

@@ -1,5 +1,5 @@
 """The real Hub code paths (huggingface_hub uploads, timm's ``hf-hub:`` and ``pretrained=True``, transformers'
-``from_pretrained``) against the package's Hub endpoint on 127.0.0.1 (:mod:`pape_hub.hub.server`). Clients run in
+``from_pretrained``) against the package's Hub endpoint on 127.0.0.1 (:mod:`lab.local_hub`). Clients run in
 subprocesses because huggingface_hub reads HF_ENDPOINT at import time; Xet is disabled (the classic LFS path)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import timm
 
+from lab.local_hub import DropConnection, LocalHub
 from pape_hub.checkpoint import save_checkpoint
-from pape_hub.hub.server import DropConnection, LocalHub
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = '{"patch_size": 12, "embed_dim": 32, "depth": 2, "num_heads": 2, "global_pool": "avg", "class_token": false}'
@@ -69,7 +69,7 @@ def test_push_then_load_from_both_faces_lfs_and_regular(hub, tmp_path, upload_mo
     hub.upload_mode = upload_mode
     folder = tiny_checkpoint(tmp_path / "ckpt")
     done = client(hub, tmp_path, f"""
-        from pape_hub.cli import main
+        from pape_hub_cli import main
         assert main(["push", "{folder}", "--repo-id", "org/tiny-pape"]) == 0
     """ + LOAD_BACK.format(folder=folder, repo="org/tiny-pape"))
     assert done.stdout.strip().endswith("[true, true]"), done.stderr[-3000:]
@@ -169,6 +169,8 @@ def test_interrupted_push_leaves_the_old_commit_and_a_retry_succeeds(hub, tmp_pa
     for step in ("receive_lfs", "commit"):  # dropped during the LFS upload, then during the commit
         monkeypatch.setattr(hub, step, drop_connection)  # huggingface_hub retries; every try fails
         failed = client(hub, tmp_path, f"""
+            import huggingface_hub.utils._http as http
+            http.time.sleep = lambda seconds: None  # its retries, without the back-off waits (about 23 s a push)
             from pape_hub.hub import push_checkpoint
             try:
                 push_checkpoint("{second}", "org/safe")
@@ -192,7 +194,7 @@ def test_push_input_errors_are_named(hub, tmp_path):
     broken = tiny_checkpoint(tmp_path / "broken")
     (broken / "model.safetensors").write_bytes(b"not safetensors")
     done = client(hub, tmp_path, f"""
-        from pape_hub.cli import main
+        from pape_hub_cli import main
         main(["push", "{folder}", "--repo-id", "org/a/b"])
         main(["push", "{folder}", "--repo-id", "org/bad name"])
         main(["push", "{tmp_path / 'empty'}", "--repo-id", "org/x"])
@@ -208,7 +210,7 @@ def test_push_input_errors_are_named(hub, tmp_path):
 
 def test_training_checks_the_push_target_before_the_first_step(hub, tmp_path):
     done = client(hub, tmp_path, f"""
-        from pape_hub.cli import main
+        from pape_hub_cli import main
         rc = main(["train", "--model", "vit_t4_pape", "--model-kwargs", {TINY!r}, "--epochs", "1",
                    "--train-size", "64", "--eval-size", "32", "--batch-size", "32", "--quiet",
                    "--output-dir", "{tmp_path / 'run'}", "--push-to-hub", "org/arrows-pape"])
@@ -217,7 +219,7 @@ def test_training_checks_the_push_target_before_the_first_step(hub, tmp_path):
     assert "needs a Hugging Face token" in done.stderr and "rc 1" in done.stdout
     assert not (tmp_path / "run").exists()  # refused before any work
     done = client(hub, tmp_path, f"""
-        from pape_hub.cli import main
+        from pape_hub_cli import main
         assert main(["train", "--model", "vit_t4_pape", "--model-kwargs", {TINY!r}, "--epochs", "1",
                      "--train-size", "64", "--eval-size", "32", "--batch-size", "32", "--quiet",
                      "--output-dir", "{tmp_path / 'run'}", "--push-to-hub", "org/arrows-pape"]) == 0
@@ -255,11 +257,16 @@ def test_pretrained_true_resolves_published_weights_only(hub, tmp_path):
 
 
 def test_hub_serve_command_prints_the_endpoint(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "pape_hub_cli", "hub", "serve", "--port", "0", "--data-dir",
+    """Within 2 s of starting: the endpoint imports neither torch nor pape_hub's models."""
+    import time
+
+    started = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "lab", "hub", "serve", "--port", "0", "--data-dir",
                              str(tmp_path / "data"), "--token", "hf_secret"], stdout=subprocess.PIPE, text=True,
                             cwd=ROOT)
     try:
         first = proc.stdout.readline()
+        assert time.time() - started < 2.0
         assert first.startswith("local Hub serving") and "http://127.0.0.1:" in first
         url = first.split(" at ")[-1].strip()
         import urllib.request

@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import pytest
 
-from pape_hub.hub.server import LocalHub, git_blob_sha1
+from lab.local_hub import LocalHub, git_blob_sha1
 
 SECRET = b"a file outside the data folder\n"
 

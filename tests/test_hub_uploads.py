@@ -14,7 +14,7 @@ import pytest
 from test_hub import client, tiny_checkpoint
 from test_hub_security import raw_exchange, request
 
-from pape_hub.hub.server import ACCESS_LOG_LENGTH, LocalHub
+from lab.local_hub import ACCESS_LOG_LENGTH, LocalHub
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_private_is_honoured_for_new_and_existing_repos(tmp_path):
         folder = tiny_checkpoint(tmp_path / "ckpt")
         done = client(hub, tmp_path, f"""
             from huggingface_hub import HfApi
-            from pape_hub.cli import main
+            from pape_hub_cli import main
             HfApi().create_repo("org/existing")  # public
             assert main(["push", "{folder}", "--repo-id", "org/existing", "--private"]) == 0
             assert main(["push", "{folder}", "--repo-id", "org/fresh", "--private"]) == 0
@@ -159,7 +159,7 @@ def test_push_refuses_a_link_out_of_the_folder(hub, tmp_path):
     (tmp_path / "secret.json").write_text('{"private": "data"}')
     os.symlink(tmp_path / "secret.json", folder / "results.json")
     done = client(hub, tmp_path, f"""
-        from pape_hub.cli import main
+        from pape_hub_cli import main
         main(["push", "{folder}", "--repo-id", "org/linked"])
     """)
     assert "holds links (results.json)" in done.stderr, done.stderr[-2000:]

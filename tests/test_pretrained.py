@@ -269,7 +269,7 @@ def test_every_user_path_loads_sources_from_the_hub(hub, tmp_path):  # noqa: F81
                "vit_s16_rope_dinov3.lvd1689m"]
     done = client(hub, tmp_path, PUSH_SOURCES.format(entries=entries) + """
 from transformers import AutoModel, AutoModelForImageClassification
-from pape_hub.cli import main
+from pape_hub_cli import main
 out = {}
 for entry in logits:
     want = torch.tensor(logits[entry])
@@ -365,7 +365,7 @@ sys.path.insert(0, "tests")
 from test_pretrained import LOOKHERE_SMALL, lookhere_release
 from pape_hub.models.lookhere_reference import LookHereReference
 from transformers import AutoModelForImageClassification
-from pape_hub.cli import main
+from pape_hub_cli import main
 release = lookhere_release(torch.float32)
 torch.save(release, "{tmp}/LH_90_weights_and_config.pth")
 api = HfApi()

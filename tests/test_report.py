@@ -1,6 +1,6 @@
 """Every number the README and the model cards show comes from a results file: hand-edited tables and card claims
 without a measurement fail here. Whether the results are current (measured by code that behaves as today's) is the
-release gate ``pape-hub report --check``, not a unit test: a refactor must not need hours of re-runs. The behaviour
+release gate ``python -m lab report --check``, not a unit test: a refactor must not need hours of re-runs. The behaviour
 probes themselves are tested here: deterministic, and they flag a numerical change."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pape_hub.commands.report import BLOCKS, check, render
+from lab.commands.report import BLOCKS, check, render
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,7 +22,7 @@ def test_the_readme_shows_the_results():
 
 
 def test_every_result_records_its_behaviour_and_a_numerical_change_is_flagged(monkeypatch):
-    from pape_hub.provenance import behaviour, behaviour_differences, decode_behaviour
+    from lab.provenance import behaviour, behaviour_differences, decode_behaviour
 
     for path in (ROOT / "results").rglob("*.json"):
         prov = json.loads(path.read_text())["provenance"]
@@ -82,7 +82,7 @@ def test_model_cards_claim_only_what_the_results_hold(card):
 def test_a_new_probe_keeps_earlier_results_current():
     """An encoding added later brings its own probe: results measured before it existed stay current; a probe
     that disappears (an encoding removed) or changes does not."""
-    from pape_hub.provenance import behaviour_differences
+    from lab.provenance import behaviour_differences
 
     recorded = {"vit/ape": [1.0, 2.0]}
     assert behaviour_differences(recorded, {"vit/ape": [1.0, 2.0], "vit/new": [3.0]}) == []
@@ -91,11 +91,11 @@ def test_a_new_probe_keeps_earlier_results_current():
 
 
 def test_startup_bench_writes_medians_ratios_and_goals(tmp_path, monkeypatch):
-    """`pape-hub bench --startup` (fast stand-in commands here): medians, the ratio to `import timm`, the goals."""
+    """`python -m lab bench --startup` (fast stand-in commands here): medians, the ratio to `import timm`, the goals."""
     import argparse
 
-    from pape_hub.commands import bench
-    from pape_hub.commands.report import startup_block
+    from lab.commands import bench
+    from lab.commands.report import startup_block
 
     monkeypatch.setattr(bench, "STARTUP", {"import timm": ["-c", "pass"], "import pape_hub": ["-c", "pass"],
                                            "pape-hub --help": ["-c", "pass"]})
@@ -109,7 +109,7 @@ def test_startup_bench_writes_medians_ratios_and_goals(tmp_path, monkeypatch):
 
 
 def test_bootstrap_interval_of_the_mean():
-    from pape_hub.experiment import bootstrap_interval
+    from lab.experiment import bootstrap_interval
 
     values = [0.25, 0.25, 1.0, 1.0, 0.9]
     low, high = bootstrap_interval(values)

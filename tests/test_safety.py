@@ -171,39 +171,45 @@ def test_cli_help_is_fast_and_imports_no_torch():
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert time.perf_counter() - started < 5
-    assert done.stdout.strip().endswith("False False") and "arrows" in done.stdout
+    assert done.stdout.strip().endswith("False False") and "convert" in done.stdout
+    assert "arrows" not in done.stdout  # the lab's commands are not the installed package's
 
 
-def test_cli_version_errors_and_help_defaults():
+def test_cli_version_errors_and_help_defaults(capsys, tmp_path, monkeypatch):
+    from pape_hub_cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the help cache, not the user's
+
     assert run_cli("--version").stdout.strip() == f"pape-hub {pape_hub.__version__}"
-    bad = run_cli("train", "--epochs", "0", "--output-dir", "/nonexistent/never")
-    assert bad.returncode == 1 and "Traceback" not in bad.stderr
-    assert bad.stderr.strip().splitlines() == [
+    assert main(["train", "--epochs", "0", "--output-dir", "/nonexistent/never"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
         "pape-hub train: error: epochs (--epochs) must be at least 1, got 0 (ValueError; --debug shows the traceback)"]
-    debug = run_cli("train", "--epochs", "0", "--debug")
-    assert "Traceback" in debug.stderr
-    help_text = run_cli("train", "--help").stdout
+    with pytest.raises(ValueError, match="epochs"):  # --debug: the exception itself, with its traceback
+        main(["train", "--epochs", "0", "--debug"])
+    assert main(["train", "--help"]) == 0
+    help_text = capsys.readouterr().out
     words = " ".join(help_text.split())
     assert "(default: 8)" in words and "(default: vit_m12_rope_mixed)" in words
     assert '    pape-hub train --model vit_t4_pape --dataset digits --img-size 16 --aug none \\' in help_text
 
 
-def test_command_help_needs_no_import_and_is_the_parsers_own_text():
-    """``pape-hub COMMAND --help`` prints the cached text of ``pape_hub/commands/help.json`` without importing
-    torch or pape_hub; the cache is exactly what each parser renders today (else: python scripts/write_cli_help.py)."""
-    from pape_hub_cli import COMMANDS, cached_help, command_help, help_cache, python_minor
+def test_command_help_is_the_parsers_own_text_and_then_needs_no_import(tmp_path):
+    """``pape-hub COMMAND --help`` renders the parser once and keeps the text in a per-user cache (nothing is
+    committed); the next call prints it without importing torch or pape_hub. Editing the package's code makes a
+    new cache key, so the help is never stale."""
+    from pape_hub_cli import COMMANDS, PAPE_HUB
 
-    cache = json.loads(help_cache().read_text())
-    if cache["python"] != python_minor():  # argparse lays help out per version: the parser renders it here
-        assert cached_help("train") is None
-        pytest.skip(f"help.json was rendered by Python {cache['python']}")
-    cached = cache["commands"]
-    stale = [name for name in COMMANDS if cached.get(name) != command_help(name)]
-    assert not stale, f"help of {stale} changed: run `python scripts/write_cli_help.py`"
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
     code = ("import sys, pape_hub_cli\nrc = pape_hub_cli.main(['train', '--lr', '1', '--help'])\n"
             "print(rc, 'torch' in sys.modules, 'pape_hub' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert done.stdout.startswith(cached["train"]) and done.stdout.strip().endswith("0 False False")
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
+    expected = PAPE_HUB.command_parser("train")[0].format_help()
+    assert first.stdout.startswith(expected) and first.stdout.strip().endswith("0 True True")
+    assert second.stdout.startswith(expected) and second.stdout.strip().endswith("0 False False")
+    assert [p.name.startswith("help-pape_hub.commands-") for p in (tmp_path / "pape_hub").iterdir()] == [True]
+    for name in COMMANDS:  # one description per command: the summary here, then its module's details
+        assert PAPE_HUB.command_parser(name)[0].description.startswith(COMMANDS[name])
 
 
 # --- the security issue: overwrite, interrupted swaps, non-finite settings, 16-bit images, NaN inputs -----------
@@ -358,7 +364,7 @@ def test_a_config_json_that_is_not_an_object_is_named(tmp_path):
 
 
 def test_eval_refuses_another_task_by_name_and_takes_a_training_folder(tmp_path, capsys):
-    from pape_hub.cli import main
+    from pape_hub_cli import main
 
     digits = train(TrainConfig(model="vit_t4_ape", model_kwargs=dict(patch_size=2, in_chans=1, embed_dim=32, depth=1,
                                                                      num_heads=2), img_size=16, dataset="digits",
@@ -376,10 +382,11 @@ def test_every_option_of_every_command_shows_its_default():
     """``--help`` names each option's default (a help text that already states one is kept as written)."""
     import argparse
 
-    from pape_hub_cli import COMMANDS, HelpFormatter, command_parser
+    from lab.__main__ import LAB
+    from pape_hub_cli import PAPE_HUB, HelpFormatter
 
-    for name in COMMANDS:
-        parser, _ = command_parser(name)
+    for command_line, name in [(c, n) for c in (PAPE_HUB, LAB) for n in c.commands]:
+        parser, _ = command_line.command_parser(name)
         formatter = HelpFormatter(prog=f"pape-hub {name}")
         for action in parser._actions:
             if not action.option_strings or action.default in (None, argparse.SUPPRESS, False, True):
@@ -392,7 +399,7 @@ def test_every_option_of_every_command_shows_its_default():
 WORKER_PARENT = '''
 import multiprocessing, os, time
 from concurrent.futures import ProcessPoolExecutor
-from pape_hub.experiment import _exit_with_parent
+from lab.experiment import _exit_with_parent
 
 if __name__ == "__main__":
     pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_exit_with_parent)
@@ -411,11 +418,12 @@ def running(pid: int) -> bool:
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
 def test_workers_stop_when_their_command_is_killed(tmp_path):
-    """`pape-hub arrows` / `compare` killed: their worker processes stop too, instead of training on into folders
+    """`python -m lab arrows` / `compare` killed: their worker processes stop too, instead of training on into folders
     that a re-run of the command then finds written by no run it knows."""
     script = tmp_path / "command.py"
     script.write_text(WORKER_PARENT)
-    command = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    command = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)))  # the lab runs from the checkout
     try:
         worker = int(command.stdout.readline())
         time.sleep(0.5)

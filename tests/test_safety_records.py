@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +13,8 @@ import timm
 import torch
 from test_training import arrow_config
 
+from lab.commands.report import escape_markup, render
 from pape_hub.checkpoint import save_checkpoint
-from pape_hub.commands.report import escape_markup, render
 from pape_hub.records import Evaluation, SweepRow, read_evaluation, read_record
 from pape_hub.training import train
 
@@ -32,12 +30,13 @@ ROOT = Path(__file__).resolve().parent.parent
     ("<!-- generated: encodings -->\n<!-- end generated: encodings -->\nmine\n<!-- generated: encodings -->\n"
      "x\n<!-- end generated: encodings -->\n", r"line 4: block 'encodings' appears twice"),
 ])
-def test_unbalanced_markers_are_refused_by_line_and_nothing_is_rewritten(tmp_path, text, message):
+def test_unbalanced_markers_are_refused_by_line_and_nothing_is_rewritten(tmp_path, capsys, text, message):
+    from lab.__main__ import LAB
+
     readme = tmp_path / "README.md"
     readme.write_text(text)
-    done = subprocess.run([sys.executable, "-m", "pape_hub_cli", "report", "--readme", str(readme), "--results",
-                           str(ROOT / "results")], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert done.returncode == 1 and "README.md " in done.stderr, done.stderr
+    assert LAB.main(["report", "--readme", str(readme), "--results", str(ROOT / "results")]) == 1
+    assert "README.md " in capsys.readouterr().err
     with pytest.raises(ValueError, match=message):
         render(text, ROOT / "results")
     assert readme.read_text() == text
@@ -96,16 +95,17 @@ def test_an_accuracy_outside_zero_to_one_is_no_record():
 # --- output paths -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("command,name", [("eval", "config.json"), ("eval", "model.safetensors"),
                                           ("card", "config.json"), ("card", "preprocessor_config.json")])
-def test_an_output_over_the_checkpoints_own_files_is_refused(tmp_path, command, name):
+def test_an_output_over_the_checkpoints_own_files_is_refused(tmp_path, capsys, command, name):
+    from pape_hub_cli import main
+
     torch.manual_seed(0)
     folder = save_checkpoint(timm.create_model("vit_t4_pape", embed_dim=32, depth=1, num_heads=2, num_classes=4),
                              tmp_path / "ck", extra={"dataset": {"spec": "digits"}})
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     args = [command, str(folder), "--output", str(folder / name)] + (["--dataset", "digits"] if command == "eval"
                                                                       else [])
-    done = subprocess.run([sys.executable, "-m", "pape_hub_cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300)
-    assert done.returncode == 1 and "is a file of the checkpoint folder" in done.stderr, done.stderr
+    assert main(args) == 1
+    assert "is a file of the checkpoint folder" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
 

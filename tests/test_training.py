@@ -11,10 +11,10 @@ from test_data import make_imagefolder
 
 from pape_hub.card import write_model_card
 from pape_hub.checkpoint import load_checkpoint
-from pape_hub.cli import main
 from pape_hub.data import ArrowConfig, arrow_statistics
 from pape_hub.evaluation import evaluate_checkpoint, shuffle_tiles
 from pape_hub.training import TrainConfig, train
+from pape_hub_cli import main
 
 TINY_ARROW_MODEL = dict(patch_size=12, embed_dim=32, depth=2, num_heads=2, global_pool="avg", class_token=False)
 

@@ -1,8 +1,6 @@
-"""``pape-hub card``: write a checkpoint folder's model card (``README.md``) from what it holds.
-
-The card is rendered with ``huggingface_hub.ModelCard`` from the folder's ``config.json`` and ``eval.json`` (from
-``pape-hub eval CHECKPOINT --output CHECKPOINT/eval.json`` or the main job), optionally a benchmark JSON for the
-speed section; it claims no number those files do not hold.
+"""The card (``README.md`` in the folder) is rendered with ``huggingface_hub.ModelCard`` from the folder's
+``config.json`` and ``eval.json`` (from ``pape-hub eval CHECKPOINT --output CHECKPOINT/eval.json`` or the main job),
+optionally a benchmark JSON for the speed section; it claims no number those files do not hold.
 
 Example:
     pape-hub eval outputs/run/best --sizes 4,6,8 --output outputs/run/best/eval.json
@@ -19,7 +17,7 @@ from pathlib import Path
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="a checkpoint folder (config.json, optionally eval.json)")
     parser.add_argument("--repo-id", default=None, help="the repo the card's loading snippets name")
-    parser.add_argument("--bench", default=None, help="a `pape-hub bench` JSON for the speed section")
+    parser.add_argument("--bench", default=None, help="a `python -m lab bench` JSON for the speed section")
     parser.add_argument("--output", default=None, help="write the card here (default CHECKPOINT/README.md)")
 
 

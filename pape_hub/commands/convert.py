@@ -1,8 +1,7 @@
-"""``pape-hub convert``: a public checkpoint (``pape_hub.list_pretrained()``) as a pape_hub checkpoint folder that
-both faces load, with its model card. The source's own files are downloaded (``HF_ENDPOINT`` honoured), converted
-exactly as ``timm.create_model(NAME, pretrained=True)`` does, checked against the source built by its own timm code
-(a release timm does not list, LookHere's: by an independent re-implementation of its forward) - the largest logit
-difference, float32 and float64, goes into the card - and saved.
+"""The source's own files are downloaded (``HF_ENDPOINT`` honoured), converted exactly as ``timm.create_model(NAME,
+pretrained=True)`` does, checked against the source built by its own timm code (a release timm does not list,
+LookHere's: by an independent re-implementation of its forward) - the largest logit difference, float32 and float64,
+goes into the card - and saved.
 
 Examples:
     pape-hub convert vit_b16_rope_mixed.naver_in1k checkpoints/vit_b16_rope_mixed_naver

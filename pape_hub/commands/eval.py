@@ -1,6 +1,6 @@
-"""``pape-hub eval``: score a checkpoint across arrow-grid sizes or image resolutions, with and without
-position interpolation, plus the patch-shuffle test; writes ``eval.json`` and its plot into the checkpoint folder,
-where ``pape-hub card`` and ``pape-hub push`` take them from (``--output`` writes them elsewhere).
+"""Scores a checkpoint across arrow-grid sizes, image resolutions or video clips, with and without position
+interpolation, plus the patch-shuffle test; writes ``eval.json`` and its plot into the checkpoint folder, where
+``pape-hub card`` and ``pape-hub push`` take them from (``--output`` writes them elsewhere).
 
 Examples:
     pape-hub eval outputs/main/pape/best --dataset arrows --sizes 4,6,8 --output results.json

@@ -1,11 +1,9 @@
-"""``pape-hub push``: upload a checkpoint folder to the Hub in one commit.
-
-The folder is what training writes (``OUTPUT/best``) or what ``pape_hub.save_checkpoint(model, folder)`` writes
-for any registered model: weights (safetensors), ``config.json`` (both faces), the image processor config, the
-remote-code files, the results JSON, plots, and the model card (``README.md``; a card pape_hub generated is
-re-rendered for the repo id, one you wrote is left alone). The repo is created if needed; pushing again makes a
-new commit and deletes nothing. Token and endpoint come from the usual places (``HF_TOKEN`` / the saved login,
-``HF_ENDPOINT``); ``pape-hub hub serve`` runs an endpoint on this machine.
+"""One commit. The folder is what training writes (``OUTPUT/best``) or what ``pape_hub.save_checkpoint(model, folder)``
+writes for any registered model: weights (safetensors), ``config.json`` (both faces), the image processor config, the
+remote-code files, the results JSON, plots, and the model card (``README.md``; a card pape_hub generated is re-rendered
+for the repo id, one you wrote is left alone). The repo is created if needed; pushing again makes a new commit and
+deletes nothing. Token and endpoint come from the usual places (``HF_TOKEN`` / the saved login, ``HF_ENDPOINT``);
+``python -m lab hub serve`` runs an endpoint on this machine.
 
 Examples:
     pape-hub push outputs/run/best --repo-id my-org/vit-t4-pape-arrows

@@ -1,4 +1,6 @@
-r"""``pape-hub train``: train any registered model on the arrow task or a real image dataset (accelerate).
+r"""Any registered model on the arrow task, the motion task or an image or video dataset, with accelerate (one
+process, several GPUs or several machines: ``accelerate launch -m pape_hub_cli train ...``). By default the arrow
+task's micro ViT with RoPE-Mixed, about a minute an epoch on a laptop CPU.
 
 Examples:
     pape-hub train --model vit_t4_rope_mixed --model-kwargs '{"patch_size": 12, "embed_dim": 96, "depth": 4,
@@ -50,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"digits: {cfg.img_size} px, aug {cfg.aug!r}, model arguments {cfg.model_kwargs} (the digits input of "
               "the README's table; --img-size, --aug and --model-kwargs change it), recipe "
               f"{cfg.recipe!r}: {cfg.epochs} epochs at batch {cfg.batch_size}, lr {cfg.lr}. The table's models "
-              "(`pape-hub compare --dataset digits`: width 96, depth 4, 30 epochs at batch 64, lr 1e-3, warm-up 3) "
+              "(`python -m lab compare --dataset digits`: width 96, depth 4, 30 epochs at batch 64, lr 1e-3, warm-up "
+              "3) "
               "pass 0.3 validation top-1 after 3 to 7 epochs (results/digits/summary.json)", flush=True)
     repo_id = None
     if args.push_to_hub:

@@ -58,7 +58,7 @@ class GeneratedTask:
         return f"{setting.frames}x{setting.grid}" if self.is_video else setting.grid
 
     def default_sizes(self, base: Any) -> list[Any]:
-        """The sizes a task is compared at (``pape-hub arrows`` and ``compare``): the training size and two larger
+        """The sizes a task is compared at (``python -m lab arrows`` and ``compare``): the training size and two larger
         ones - arrow grids g, g + 2, g + 4; motion clips of 2 more cells per side and of 2 more time steps."""
         if self.is_video:
             return [(base.frames, base.grid), (base.frames, base.grid + 2),

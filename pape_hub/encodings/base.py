@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    "EncodingContext", "PositionEncoding", "TokenPositions", "compute_dtype", "full_precision", "grid_positions",
-    "pad_prefix_bias",
+    "EncodingContext", "PositionEncoding", "TokenPositions", "autocast_dtype", "compute_dtype", "full_precision",
+    "grid_positions", "pad_prefix_bias",
 ]
 
 
@@ -121,6 +121,14 @@ def full_precision(device: torch.device) -> Any:
     if device.type == "meta":
         return nullcontext()
     return torch.autocast(device.type, enabled=False)
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast runs matmuls in on ``device``, or None when autocast is off there (or the device has
+    none, e.g. ``meta``)."""
+    if device.type == "meta" or not torch.is_autocast_enabled(device.type):
+        return None
+    return torch.get_autocast_dtype(device.type)
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype, full_precision
+from .base import EncodingContext, PositionEncoding, TokenPositions, autocast_dtype, compute_dtype, full_precision
 from .registry import register_encoding
 
 __all__ = ["LieRE", "skew_symmetric"]
@@ -100,7 +100,7 @@ class LieRE(PositionEncoding):
         result: over 20 GB for dense LieRE at ViT-B/16, 448 px), kept in the dtype q and k have under autocast
         (its matmul would cast them to it in every layer anyway)."""
         device = pos.coords.device
-        working = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+        working = autocast_dtype(device)
 
         def build() -> tuple[torch.Tensor, ...]:
             with full_precision(device):
@@ -114,7 +114,7 @@ class LieRE(PositionEncoding):
         """qk: (2, B, H, P+N, hd); rot: (H, P+N, G, b, b). Rotates the first G*b dims of every token, in the
         rotations' precision (float32; under autocast, its dtype)."""
         span = self.num_blocks * self.block_size
-        work = qk if torch.is_autocast_enabled(qk.device.type) else qk.to(rot.dtype)
+        work = qk if autocast_dtype(qk.device) is not None else qk.to(rot.dtype)
         blocks = work[..., :span].unflatten(-1, (self.num_blocks, self.block_size))  # (2, B, H, T, G, b)
         rotated = torch.einsum("htgij,sbhtgj->sbhtgi", rot, blocks).flatten(-2)
         if span < qk.shape[-1]:  # head dims beyond the last full block stay as they are

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype, full_precision
+from .base import EncodingContext, PositionEncoding, TokenPositions, autocast_dtype, compute_dtype, full_precision
 from .registry import register_encoding
 
 __all__ = ["PaPE", "PaPERI", "quadratic_key_monomials", "quadratic_query_coefficients"]
@@ -119,7 +119,7 @@ class ParabolicEncoding(PositionEncoding):
         """Positions, the keys' channels (in the dtype q and k have: autocast's, else the positions'), and the
         per-layer state as one tensor per layer (a layer takes its own without an indexing op)."""
         device = pos.coords.device
-        working = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+        working = autocast_dtype(device)
 
         def build() -> dict[str, Any]:
             with full_precision(device):
@@ -138,12 +138,12 @@ class ParabolicEncoding(PositionEncoding):
 
     def transform_qk(self, layer: int, qk: torch.Tensor, x: torch.Tensor, state: Any) -> torch.Tensor:
         keys = state["keys"]
-        if self.float32_projection or not torch.is_autocast_enabled(x.device.type):
+        if self.float32_projection or autocast_dtype(x.device) is None:
             with full_precision(x.device):  # the positions' precision: float32, or float64 in the property tests
                 queries = self.query_channels(layer, x.to(state["r"].dtype), state)  # (B, H, T, E)
         else:  # the autocast dtype, as q and k themselves
             queries = self.query_channels(layer, x, state)
-        extra = torch.stack([queries.to(qk.dtype), keys.expand_as(queries)])  # (2, B, H, T, E)
+        extra = torch.stack([queries.to(qk.dtype), keys.to(qk.dtype).expand_as(queries)])  # (2, B, H, T, E)
         return torch.cat([qk, extra], dim=-1)
 
 

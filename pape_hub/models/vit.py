@@ -18,7 +18,7 @@ from timm.models import checkpoint
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from ..encodings.base import EncodingContext, PositionEncoding, TokenPositions, grid_positions
+from ..encodings.base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype, grid_positions
 from ..encodings.catalog import check_encoding_kwargs, create_encoding
 from ..layers.attention import PositionalBlock
 
@@ -437,8 +437,9 @@ def checked_grid(shape: tuple[int, ...], spec: InputSpec) -> tuple[int, ...]:
     return tuple(n // t for n, t in zip(extent, spec.patch))
 
 
-def spec_positions(grid_size: tuple[int, ...], device: torch.device, spec: InputSpec) -> TokenPositions:
-    return grid_positions(grid_size, spec.num_prefix_tokens, spec.train_grid, spec.interpolate, device,
+def spec_positions(grid_size: tuple[int, ...], device: torch.device, spec: InputSpec,
+                   dtype: torch.dtype = torch.float32) -> TokenPositions:
+    return grid_positions(grid_size, spec.num_prefix_tokens, spec.train_grid, spec.interpolate, device, dtype,
                           axis_units=spec.axis_units)
 
 
@@ -446,8 +447,9 @@ def spec_positions(grid_size: tuple[int, ...], device: torch.device, spec: Input
 # else in the model traces.
 @register_notrace_function
 def input_positions(x: torch.Tensor, spec: InputSpec) -> TokenPositions:
-    """Validate an input and return the positions of its tokens."""
-    return spec_positions(checked_grid(tuple(x.shape), spec), x.device, spec)
+    """Validate an input and return the positions of its tokens: float64 for a float64 input (a float64 model
+    computes positions in float64 throughout), else float32."""
+    return spec_positions(checked_grid(tuple(x.shape), spec), x.device, spec, compute_dtype(x))
 
 
 @register_notrace_function

@@ -41,7 +41,7 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
     "s": dict(embed_dim=384, depth=12, num_heads=6),  # ViT-S
     "b": dict(embed_dim=768, depth=12, num_heads=12),  # ViT-B
     "l": dict(embed_dim=1024, depth=24, num_heads=16),  # ViT-L
-    "m": dict(embed_dim=96, depth=4, num_heads=4),  # micro: the arrow task's (pape-hub arrows)
+    "m": dict(embed_dim=96, depth=4, num_heads=4),  # micro: the arrow task's (python -m lab arrows)
 }
 #: the arrow task's pixel statistics (``pape_hub.data.arrow_statistics`` of its default setting); a training run
 #: normalises with its task's own statistics and records them in the checkpoint

@@ -1,5 +1,5 @@
-"""``pape-hub zoo``: build registered models (images and video), count parameters and run a forward at two
-resolutions (video: two frame sizes of the nominal clip)."""
+"""Images and video: each model's parameters are counted and a forward runs at two resolutions (video: two frame
+sizes of the nominal clip)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 import timm
 import torch
 
-from ..encodings import encoding_class, list_encodings
-from ..models import list_pape_models, model_args_for
+from pape_hub.encodings import encoding_class, list_encodings
+from pape_hub.models import list_pape_models, model_args_for
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

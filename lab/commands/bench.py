@@ -1,13 +1,11 @@
-r"""``pape-hub bench``: speed of every encoding against timm's own ViTs, measured in one process.
-
-For each size and resolution the baselines (timm's ``vit_{size}_patch16_224`` with learned APE, and timm's
-``*_rope_224`` / ``*_rope_mixed_224``) and every pape_hub encoding are built once, then timed in interleaved
-rounds (one call of every model per round), and the medians are compared. Inference is
-``torch.inference_mode``; a training step is forward + cross-entropy + backward + AdamW step. It records which
-SDPA kernel each model ran and fails if an encoding that should be fused fell back to the math kernel.
+r"""Measured in one process. For each size and resolution the baselines (timm's ``vit_{size}_patch16_224`` with learned
+APE, and timm's ``*_rope_224`` / ``*_rope_mixed_224``) and every pape_hub encoding are built once, then timed in
+interleaved rounds (one call of every model per round), and the medians are compared. Inference is
+``torch.inference_mode``; a training step is forward + cross-entropy + backward + AdamW step. It records which SDPA
+kernel each model ran and fails if an encoding that should be fused fell back to the math kernel.
 
 ``--startup`` times start-up instead: ``import pape_hub`` against ``import timm`` and the commands' ``--help``, each
-in a fresh interpreter (``pape-hub bench --startup --output results/bench_startup_cpu.json``).
+in a fresh interpreter (``python -m lab bench --startup --output results/bench_startup_cpu.json``).
 """
 
 from __future__ import annotations
@@ -26,7 +24,8 @@ import timm
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ..encodings import list_encodings
+from pape_hub.encodings import list_encodings
+
 from ..provenance import provenance
 
 TIMM_SIZE = {"t": "tiny", "s": "small", "b": "base", "l": "large"}

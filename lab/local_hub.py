@@ -1,7 +1,7 @@
 """A Hugging Face Hub endpoint that runs on 127.0.0.1: the part of the Hub HTTP API ``huggingface_hub`` uses to
 create a repo, upload (regular and LFS, single-part and multipart), commit, and download (resolve, revision,
 tree, model info), with token checks. It lets the project's real push and pull code run where the public Hub is
-out of reach: ``pape-hub hub serve --port 8910 --data-dir hub-data``, then point clients at it::
+out of reach: ``python -m lab hub serve --port 8910 --data-dir hub-data``, then point clients at it::
 
     export HF_ENDPOINT=http://127.0.0.1:8910 HF_TOKEN=<the printed token> HF_HUB_DISABLE_XET=1
 
@@ -193,8 +193,12 @@ class LocalHub:
         self.url = f"http://{host}:{self.server.server_address[1]}"
 
     # --- lifecycle -------------------------------------------------------------------------------
+    #: how often the serving loop looks for a stop request (seconds): ``stop()`` waits up to this long
+    POLL_INTERVAL = 0.05
+
     def start(self) -> LocalHub:
-        threading.Thread(target=self.server.serve_forever, daemon=True, name="local-hub").start()
+        threading.Thread(target=self.server.serve_forever, args=(self.POLL_INTERVAL,), daemon=True,
+                         name="local-hub").start()
         return self
 
     def serve_forever(self) -> None:
@@ -970,7 +974,7 @@ def _header_safe(text: str) -> str:
 
 def serve(data_dir: str | Path, port: int, token: str | None = None, host: str = "127.0.0.1",
           upload_mode: str = "auto") -> None:
-    """Run the endpoint in the foreground until interrupted (``pape-hub hub serve``)."""
+    """Run the endpoint in the foreground until interrupted (``python -m lab hub serve``)."""
     hub = LocalHub(data_dir, token=token, host=host, port=port, upload_mode=upload_mode)
     print(f"local Hub serving {Path(data_dir).resolve()} at {hub.url}\n"
           f"point clients at it:\n  export HF_ENDPOINT={hub.url} HF_TOKEN={hub.token} HF_HUB_DISABLE_XET=1",

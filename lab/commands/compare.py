@@ -1,7 +1,6 @@
-"""``pape-hub compare``: train several encodings on one dataset (several seeds each, in parallel worker
-processes), then score every best checkpoint at the training resolution and at larger ones, with and without
-position interpolation, plus the patch-shuffle test. Writes a table over seeds (mean ± std), a JSON with every run
-and a plot.
+"""Several encodings on one dataset (several seeds each, in parallel worker processes), then every best checkpoint
+scored every best checkpoint at the training resolution and at larger ones, with and without position interpolation,
+plus the patch-shuffle test. Writes a table over seeds (mean ± std), a JSON with every run and a plot.
 
 Presets hold the model and recipe of the built-in datasets; every value can be overridden by a flag.
 ``digits`` (scikit-learn's 8x8 grey digits, upsampled to 16 px, patch 2, one input channel, no augmentation,
@@ -10,10 +9,10 @@ the moving square go; a ViViT of width 96, depth 4, tubelets 2 x 8 x 8) is train
 and evaluated on larger boards (6x7: 7 x 7 cells) and longer clips (10x5: 10 frames).
 
 Examples:
-    pape-hub compare --dataset digits                           # results/digits
-    pape-hub compare --dataset motion                           # results/video_motion
-    pape-hub compare --dataset digits --encodings ape,pape --seeds 0 --aug light --hflip 0 --results-dir none
-    pape-hub compare --dataset imagefolder:/data/pets --img-size 64 --resolutions 64,96,128 \\
+    python -m lab compare --dataset digits                           # results/digits
+    python -m lab compare --dataset motion                           # results/video_motion
+    python -m lab compare --dataset digits --encodings ape,pape --seeds 0 --aug light --hflip 0 --results-dir none
+    python -m lab compare --dataset imagefolder:/data/pets --img-size 64 --resolutions 64,96,128 \\
         --model-kwargs '{"patch_size": 8}' --epochs 50
 """
 
@@ -23,9 +22,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..data import DIGITS_INPUT
-from ..training import TrainConfig
-from . import add_config_arguments, config_values
+from pape_hub.commands import add_config_arguments, config_values
+from pape_hub.data import DIGITS_INPUT
+from pape_hub.training import TrainConfig
 
 SMALL_VIT = dict(embed_dim=96, depth=4, num_heads=4, global_pool="avg", class_token=False)
 #: dataset -> model, recipe and evaluation defaults (``clips``: a video sweep, ``resolutions``: an image sweep)
@@ -93,10 +92,11 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..encodings import list_encodings
+    from pape_hub.encodings import list_encodings
+    from pape_hub.records import Evaluation
+
     from ..experiment import make_job, parse_encodings, run_comparison
     from ..provenance import provenance
-    from ..records import Evaluation
 
     setup = resolve(args)
     default = DEFAULT_ENCODINGS if "clips" not in setup else DEFAULT_ENCODINGS.replace(",lookhere", "")

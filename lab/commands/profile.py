@@ -1,15 +1,13 @@
-"""``pape-hub profile``: what each encoding's positional work costs per layer, counted without a GPU.
-
-One forward (inference) and one training step of a ViT at the given size run under ``torch.profiler`` with the
-encoding's hooks (``prepare``, ``add_to_tokens``, ``transform_qk``, ``attn_bias``) wrapped in profiler ranges from
-the outside. Inside those ranges it counts the aten operators that do work (views such as ``reshape`` of a
-contiguous tensor, ``expand`` or ``transpose`` are not counted; each counted operator is at least one kernel
-launch on a GPU, where launch overhead dominates small batches) and the bytes they move (inputs read, from the
+"""Counted without a GPU. One forward (inference) and one training step of a ViT at the given size run under
+``torch.profiler`` with the encoding's hooks (``prepare``, ``add_to_tokens``, ``transform_qk``, ``attn_bias``) wrapped
+in profiler ranges from the outside. Inside those ranges it counts the aten operators that do work (views such as
+``reshape`` of a contiguous tensor, ``expand`` or ``transpose`` are not counted; each counted operator is at least one
+kernel launch on a GPU, where launch overhead dominates small batches) and the bytes they move (inputs read, from the
 recorded shapes, plus outputs allocated; dtype from the model's compute dtype). These numbers do not depend on the
 device; on a GPU the same operators become kernels. It also reports the head width SDPA sees and its kernel.
 
 Example:
-    pape-hub profile --size b --res 224 --batch-size 1 --output results/profile_vit_b16_224.json
+    python -m lab profile --size b --res 224 --batch-size 1 --output results/profile_vit_b16_224.json
 """
 
 from __future__ import annotations
@@ -245,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
     import timm
     import torch
 
-    from ..encodings import list_encodings
+    from pape_hub.encodings import list_encodings
+
     from ..provenance import provenance
 
     if args.threads:

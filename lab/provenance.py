@@ -5,7 +5,7 @@ fixed, tiny inputs (:func:`behaviour`): every encoding's logits in float64 on a 
 and without position interpolation) and, for video encodings, a small video model; and, for results that come
 from training, a few epochs of the real training loop on each generated task and on digits, with the evaluation
 sweep of the trained checkpoint. A pure refactor leaves these numbers unchanged, so every result stays current;
-a numerical change moves them and ``pape-hub report --check`` names the results to re-run. Numbers are compared
+a numerical change moves them and ``python -m lab report --check`` names the results to re-run. Numbers are compared
 with a relative tolerance (:data:`TOLERANCE`), far above the reordering noise of float arithmetic and far below
 any change of method, initialisation order, data or recipe.
 """
@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .records import git_commit
+from pape_hub.records import git_commit
 
 __all__ = ["RESULT_PROBES", "TOLERANCE", "behaviour", "behaviour_differences", "decode_behaviour", "encode_behaviour",
            "git_commit", "provenance"]
@@ -48,7 +48,7 @@ def _probe_models() -> dict[str, list[float]]:
     import timm
     import torch
 
-    from .encodings import encoding_class, list_encodings
+    from pape_hub.encodings import encoding_class, list_encodings
 
     out: dict[str, list[float]] = {}
     for enc in list_encodings():
@@ -85,8 +85,8 @@ def _probe_training() -> dict[str, list[float]]:
     arrow run's best checkpoint."""
     import torch
 
-    from .evaluation import evaluate_checkpoint
-    from .training import TrainConfig, train
+    from pape_hub.evaluation import evaluate_checkpoint
+    from pape_hub.training import TrainConfig, train
 
     out: dict[str, list[float]] = {}
     threads = torch.get_num_threads()

@@ -1,15 +1,13 @@
-r"""``pape-hub report``: regenerate the README's results blocks from the JSON files under ``results/``.
-
-Every table of measured numbers in the README sits between ``<!-- generated: NAME -->`` and
+r"""Every table of measured numbers in the README sits between ``<!-- generated: NAME -->`` and
 ``<!-- end generated: NAME -->`` and is written here from a results file, with the command, commit and wall time
 that produced it. ``--check`` changes nothing and fails (exit 1) when a block differs from what the files give, or
 when the current code behaves differently from the code that measured a results file (its recorded behaviour
-probes, :mod:`pape_hub.provenance`, no longer match: re-run the command the file names). A pure refactor keeps
+probes, :mod:`lab.provenance`, no longer match: re-run the command the file names). A pure refactor keeps
 every result current.
 
 Examples:
-    pape-hub report            # rewrite README.md's generated blocks
-    pape-hub report --check    # the release gate: README current and every result measured by today's behaviour
+    python -m lab report            # rewrite README.md's generated blocks
+    python -m lab report --check    # the release gate: README current and every result measured by today's behaviour
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..records import Comparison, Evaluation, read_record
+from pape_hub.records import Comparison, Evaluation, read_record
 
 ROOT = Path(__file__).resolve().parents[2]
 _BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", flags=re.DOTALL)
@@ -154,8 +152,8 @@ def startup_block(results: Path, name: str) -> str:
 def encodings_block(results: Path) -> str:
     from .zoo import encoding_rows
 
-    return "\n".join(encoding_rows()) + "\n\n(Generated from the code by `pape-hub report`; parameters counted on " \
-        "the meta device.)\n"
+    return "\n".join(encoding_rows()) + "\n\n(Generated from the code by `python -m lab report`; parameters counted " \
+        "on the meta device.)\n"
 
 
 def transplant_block(results: Path) -> str:
@@ -301,8 +299,9 @@ def _ranking_verdict(stats: dict[str, dict[str, dict[str, float]]], orders: dict
 BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "encodings": (None, encodings_block),
     "arrows_main_job": ("arrows", lambda r: comparison_block(r, "arrows_main_job", "`make main`")),
-    "arrows_full": ("arrows", lambda r: comparison_block(r, "arrows_full", "`pape-hub arrows --full`")),
-    "arrows_isolated": ("arrows", lambda r: comparison_block(r, "arrows_isolated", "`pape-hub arrows --isolated`")),
+    "arrows_full": ("arrows", lambda r: comparison_block(r, "arrows_full", "`python -m lab arrows --full`")),
+    "arrows_isolated": ("arrows", lambda r: comparison_block(r, "arrows_isolated",
+                                                              "`python -m lab arrows --isolated`")),
     "arrows_isolated_sape2": ("arrows", lambda r: comparison_block(r, "arrows_isolated_sape2",
                                                                    "SaPE² on the control task")),
     "arrows_isolated_sape2_init": ("arrows", lambda r: comparison_block(r, "arrows_isolated_sape2_init",
@@ -316,13 +315,13 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
                                                                     "RoPE-Mixed seed 2, twice the schedule")),
     "transplant": ("arrows", transplant_block),
     "arrows_paper_pape": ("arrows", lambda r: comparison_block(r, "arrows_main_job_paper_pape",
-                                                               "`pape-hub arrows --recipe paper-pape`")),
+                                                               "`python -m lab arrows --recipe paper-pape`")),
     "recipe_bisection": ("arrows", lambda r: comparison_block(r, "recipe_bisection",
-                                                              "`python scripts/recipe_bisection.py`")),
+                                                              "`python -m lab.recipe_bisection`")),
     "recipes_ranking": ("arrows", lambda r: recipe_block(r, "arrows_main_job", "arrows_main_job_paper_pape")),
     "main_job_rerun": ("arrows", lambda r: rerun_block(r, "arrows_main_job_3_seeds", "arrows_main_job")),
-    "digits": ("compare", lambda r: comparison_block(r, "digits", "`pape-hub compare --dataset digits`")),
-    "video": ("compare", lambda r: comparison_block(r, "video_motion", "`pape-hub compare --dataset motion`")),
+    "digits": ("compare", lambda r: comparison_block(r, "digits", "`python -m lab compare --dataset digits`")),
+    "video": ("compare", lambda r: comparison_block(r, "video_motion", "`python -m lab compare --dataset motion`")),
     "video_absolute_long": ("compare", lambda r: comparison_block(r, "video_motion_absolute_long",
                                                                   "APE and sin-cos, three times the schedule")),
     "bench_b16_224": ("bench", lambda r: bench_block(r, "bench_vit_b16_224_cpu.json")),
@@ -402,7 +401,8 @@ def check(readme_path: Path, results: Path, behaviour: bool = True) -> list[str]
     fresh = render(readme, results)
     for (old, new) in zip(_BLOCK.finditer(readme), _BLOCK.finditer(fresh)):
         if old.group(3) != new.group(3):
-            problems.append(f"README block {old.group(2)!r} differs from what the results give: run `pape-hub report`")
+            problems.append(f"README block {old.group(2)!r} differs from what the results give: run `python -m lab "
+                            "report`")
     return problems
 
 

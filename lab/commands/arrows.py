@@ -1,7 +1,6 @@
-r"""``pape-hub arrows``: the main job. Train encodings on the built-in arrow task (LieRE section 5.2), evaluate
-each on larger grids than it saw (with and without position interpolation, and with shuffled patches), and write
-a table over seeds (mean +- std), a plot, and a checkpoint with a model card per encoding, pushed to a Hub and
-loaded back from it by repo id.
+r"""Trains encodings on the built-in arrow task (LieRE section 5.2), evaluates each on larger grids than it saw (with
+and without position interpolation, and with shuffled patches), and write a table over seeds (mean +- std), a plot, and
+a checkpoint with a model card per encoding, pushed to a Hub and loaded back from it by repo id.
 
 Default: ape, rope_mixed, pape, pape_ri, liere8, alibi, seeds 0 to 4, on the easy setting (grid 4, cell 12 px =
 patch, 4 balanced arrows, no letters, no hard negatives), a ViT of width 96, depth 4, 4 heads with average pooling,
@@ -9,11 +8,11 @@ patch, 4 balanced arrows, no letters, no hard negatives), a ViT of width 96, dep
 each). About 25 minutes on 2 CPU cores; a progress bar counts the epochs of all runs.
 
 Examples:
-    pape-hub arrows                                   # the main job (README table, results/arrows_main_job)
-    pape-hub arrows --full                            # every encoding, twice the schedule (results/arrows_full)
-    pape-hub arrows --encodings rope,rope_mixed --seeds 0 --results-dir none
-    pape-hub arrows --paper --epochs 40               # the LieRE paper's harder setting
-    pape-hub arrows --encodings pape --epochs 1 --init-from outputs/src/ape_seed{seed}/best   # transplant, fine-tune
+    python -m lab arrows                                   # the main job (README table, results/arrows_main_job)
+    python -m lab arrows --full                            # every encoding, twice the schedule (results/arrows_full)
+    python -m lab arrows --encodings rope,rope_mixed --seeds 0 --results-dir none
+    python -m lab arrows --paper --epochs 40               # the LieRE paper's harder setting
+    python -m lab arrows --encodings pape --epochs 1 --init-from outputs/src/ape_seed{seed}/best  # transplant
 """
 
 from __future__ import annotations
@@ -24,8 +23,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pape_hub.records import Comparison, Evaluation
+
 from ..experiment import make_job
-from ..records import Comparison, Evaluation
 
 DEFAULT_ENCODINGS = ["ape", "rope_mixed", "pape", "pape_ri", "liere8", "alibi"]
 ARROW_MODEL = dict(embed_dim=96, depth=4, num_heads=4, global_pool="avg", class_token=False)  # vit_m12_*'s
@@ -99,10 +99,11 @@ def arrow_job(label: str, encoding: str, kwargs: dict[str, Any], seed: int, sett
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..encodings import list_encodings
+    from pape_hub.encodings import list_encodings
+    from pape_hub.recipes import get_recipe
+
     from ..experiment import parse_encodings, run_comparison
     from ..provenance import provenance
-    from ..recipes import get_recipe
 
     get_recipe(args.recipe)  # an unknown recipe fails here, before any worker starts
     setting_name, setting, epochs, results_dir = run_setting(args)
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             for label, enc, kwargs in specs for seed in seeds]
     hub = None
     if args.hub != "none":
-        from ..hub import HubTarget
+        from ..publish import HubTarget
 
         hub = HubTarget.resolve(args.hub, args.hub_namespace)  # token / endpoint problems surface before training
     print(f"training {len(jobs)} model(s) on the arrow task ({setting_name} setting: {setting}), {epochs} epochs x "
@@ -144,10 +145,10 @@ def publish(summary: Comparison, hub: Any, cards_dir: Path | None) -> dict[str, 
     """Give each encoding's first-seed checkpoint its evaluation, plot and model card, push them, and load each back
     by repo id from both faces (bit-identical logits to the local folder, checked in a fresh process). The cards
     are also written to ``cards_dir`` (the repository's ``model_cards/``)."""
-    from ..card import PLOT_NAME, card_from_folder
-    from ..checkpoint import record_outputs
-    from ..evaluation import plot_sweep_summary, write_json
-    from ..records import COMPARISON_FILE, EVALUATION_FILE, ComparisonContext
+    from pape_hub.card import PLOT_NAME, card_from_folder
+    from pape_hub.checkpoint import record_outputs
+    from pape_hub.evaluation import plot_sweep_summary, write_json
+    from pape_hub.records import COMPARISON_FILE, EVALUATION_FILE, ComparisonContext
 
     first_seed = summary.seeds[0]
     bench_file = Path("results") / "bench_vit_b16_224_cpu.json"  # the encodings' speed at ViT-B, if measured

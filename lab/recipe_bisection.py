@@ -1,10 +1,10 @@
 """Which part of the PaPE paper's recipe costs the arrow task its seeds: PaPE on the main job's setting, trained
 under ``paper-pape`` and under ``paper-pape`` with one part at a time put back to the ``default`` recipe's (the init
 of the linear layers and the head, the weight-decay groups, the schedule's shape, gradient clipping). Everything
-else is the main job's (``pape-hub arrows --recipe paper-pape``). Runs one after another in this process (each with
+else is the main job's (``python -m lab arrows --recipe paper-pape``). Runs one after another in this process (each with
 one thread); writes ``results/recipe_bisection/`` (README block ``recipe_bisection``).
 
-    python scripts/recipe_bisection.py --seeds 1        # the seed paper-pape leaves unsolved (about 10 minutes)
+    python -m lab.recipe_bisection --seeds 1        # the seed paper-pape leaves unsolved (about 10 minutes)
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from pape_hub.commands.arrows import SETTINGS, arrow_job
-from pape_hub.experiment import aggregate, summary_table, train_and_evaluate, write_results
-from pape_hub.provenance import provenance
+from lab.commands.arrows import SETTINGS, arrow_job
+from lab.experiment import aggregate, summary_table, train_and_evaluate, write_results
+from lab.provenance import provenance
 from pape_hub.recipes import RECIPES
 from pape_hub.records import Comparison
 
@@ -55,7 +55,7 @@ def main() -> int:
             results.append(result)
             top = result.accuracy(4)
             print(f"  {label} seed {seed}: test grid 4 {top:.3f} ({time.time() - started:.0f}s)", flush=True)
-    command = "python scripts/recipe_bisection.py " + shlex.join(sys.argv[1:])
+    command = "python -m lab.recipe_bisection " + shlex.join(sys.argv[1:])
     facts = dict(provenance=provenance("arrows", command=command.strip()), task=dict(setting="default", **setting),
                  recipe=dict(recipe="paper-pape", variants=list(VARIANTS)), epochs=5)
     summary = Comparison(facts, grids, "grid", seeds, list(VARIANTS), results, aggregate(results, grids),

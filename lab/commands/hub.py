@@ -1,12 +1,10 @@
-"""``pape-hub hub serve``: a Hugging Face Hub endpoint on 127.0.0.1, stored in a folder.
-
-It implements what ``huggingface_hub`` needs to push and pull models (repo create, preupload, LFS batch upload,
-NDJSON commit, resolve, revision and tree listing, model info, token check), so the real push and pull code of
-timm, transformers and pape_hub runs where the public Hub is out of reach. Writes need the token (printed at
+"""Stored in a folder. It implements what ``huggingface_hub`` needs to push and pull models (repo create, preupload, LFS
+batch upload, NDJSON commit, resolve, revision and tree listing, model info, token check), so the real push and pull
+code of timm, transformers and pape_hub runs where the public Hub is out of reach. Writes need the token (printed at
 start, or --token); reads of public repos do not.
 
 Example:
-    pape-hub hub serve --port 8910 --data-dir hub-data
+    python -m lab hub serve --port 8910 --data-dir hub-data
     export HF_ENDPOINT=http://127.0.0.1:8910 HF_TOKEN=<printed token> HF_HUB_DISABLE_XET=1
     pape-hub push outputs/run/best --repo-id pape-hub/my-model
     python -c "import pape_hub, timm; timm.create_model('hf-hub:pape-hub/my-model', pretrained=True)"
@@ -29,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..hub.server import serve
+    from ..local_hub import serve
 
     serve(args.data_dir, args.port, token=args.token, upload_mode=args.upload_mode)
     return 0

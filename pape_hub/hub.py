@@ -1,30 +1,22 @@
-"""Pushing checkpoints to a Hugging Face Hub and loading them back, all through ``huggingface_hub``.
+"""Pushing checkpoints to a Hugging Face Hub, all through ``huggingface_hub``.
 
 * :func:`check_push_target` - repo id, token and endpoint, checked before any training starts;
 * :func:`push_checkpoint` - one checkpoint folder (weights, config, processor config, remote-code files, results,
-  plots and the model card) uploaded in a single commit; re-pushing makes a new commit and deletes nothing;
-* :class:`HubTarget` - where the main job publishes: the Hub your token points at, or an endpoint it starts on
-  127.0.0.1 (:mod:`pape_hub.hub.server`) when no token is configured.
+  plots and the model card) uploaded in a single commit; re-pushing makes a new commit and deletes nothing.
 
 The endpoint is ``huggingface_hub``'s (``HF_ENDPOINT``, default the public Hub); the token comes from the usual
-places (``HF_TOKEN``, the saved login).
+places (``HF_TOKEN``, the saved login). This repository's Hub endpoint on 127.0.0.1, which its tests and the main
+job push to where the public Hub is out of reach, is lab tooling (``lab/local_hub.py``), not part of the package.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHECKPOINT_FILES", "HubTarget", "check_checkpoint_dir", "check_push_target", "push_checkpoint"]
+__all__ = ["CHECKPOINT_FILES", "check_checkpoint_dir", "check_push_target", "push_checkpoint"]
 
 _logger = logging.getLogger(__name__)
 
@@ -74,7 +66,7 @@ def check_push_target(repo_id: str) -> str:
                               ) from err
     except Exception as err:  # noqa: BLE001 - the HTTP client's connection errors are not OSErrors
         raise ConnectionError(f"cannot reach the Hub at {constants.ENDPOINT} ({type(err).__name__}: {err}); check "
-                              "the network or HF_ENDPOINT (`pape-hub hub serve` runs one on this machine)") from err
+                              "the network or HF_ENDPOINT") from err
     return repo_id
 
 
@@ -82,7 +74,7 @@ def check_checkpoint_dir(directory: str | Path) -> dict[str, Any]:
     """A folder :func:`pape_hub.save_checkpoint` (or training) wrote: its config, after checking it is whole."""
     from safetensors import SafetensorError, safe_open
 
-    from ..checkpoint import read_config
+    from .checkpoint import read_config
 
     directory = Path(directory)
     if not directory.is_dir():
@@ -127,7 +119,7 @@ def push_checkpoint(directory: str | Path, repo_id: str, private: bool = False, 
     """
     from huggingface_hub import HfApi
 
-    from ..card import GENERATED_MARK, card_from_folder
+    from .card import GENERATED_MARK, card_from_folder
 
     directory = Path(directory)
     config = check_checkpoint_dir(directory)
@@ -144,70 +136,3 @@ def push_checkpoint(directory: str | Path, repo_id: str, private: bool = False, 
         repo_id=repo_id, folder_path=str(directory), allow_patterns=CHECKPOINT_FILES,
         commit_message=commit_message or f"Upload {config['architecture']} ({config['position_encoding']})")
     return str(info.commit_url or info.repo_url)
-
-
-@dataclass
-class HubTarget:
-    """Where the main job publishes. ``kind`` is ``"real"`` (the configured endpoint, with your token) or
-    ``"local"`` (an endpoint on 127.0.0.1 started for the session, stored in a temporary folder)."""
-
-    kind: str
-    namespace: str
-    endpoint: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-    server: Any = None
-
-    @classmethod
-    def resolve(cls, mode: str, namespace: str | None = None) -> HubTarget:
-        from huggingface_hub import HfApi, constants
-
-        if mode not in ("auto", "real", "local"):
-            raise ValueError(f"hub mode must be auto, real or local, got {mode!r}")
-        token = hub_token()
-        if mode == "real" or (mode == "auto" and token):
-            try:
-                user = HfApi(token=token).whoami()["name"] if token else None
-            except Exception as err:  # noqa: BLE001 - any failure here means "not reachable with this token"
-                if mode == "real":
-                    raise ConnectionError(f"--hub real: the Hub at {constants.ENDPOINT} did not accept the token "
-                                          f"({type(err).__name__}: {err})") from err
-                print(f"note: a Hub token is configured but {constants.ENDPOINT} did not answer ({type(err).__name__})"
-                      "; publishing to a local Hub endpoint instead", flush=True)
-            else:
-                if user is None:
-                    raise PermissionError("--hub real needs a token: set HF_TOKEN or run `hf auth login`")
-                return cls("real", namespace or user, constants.ENDPOINT)
-        return cls("local", namespace or "pape-hub")
-
-    @contextmanager
-    def session(self) -> Iterator[HubTarget]:
-        """Start (and afterwards stop) the local endpoint; nothing to do for the real Hub."""
-        if self.kind != "local":
-            yield self
-            return
-        from .server import LocalHub
-
-        with tempfile.TemporaryDirectory(prefix="pape_hub_local_hub_") as tmp:
-            self.server = LocalHub(Path(tmp) / "data").start()
-            self.endpoint = self.server.url
-            self.env = dict(self.server.client_env(), HF_HOME=str(Path(tmp) / "hf_home"))
-            try:
-                yield self
-            finally:
-                self.server.stop()
-                self.server = None
-
-    def publish(self, items: list[tuple[Path, str]]) -> dict[str, dict[str, Any]]:
-        """Push each (checkpoint folder, repo id) and load it back by repo id through timm and transformers, in a
-        fresh process whose ``huggingface_hub`` points at this target (it reads the endpoint at import time)."""
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-            json.dump([[str(c), r] for c, r in items], fh)
-        try:
-            env = dict(os.environ, **self.env, PYTHONUNBUFFERED="1")
-            done = subprocess.run([sys.executable, "-m", "pape_hub.hub.roundtrip", fh.name], capture_output=True,
-                                  text=True, env=env, timeout=1800)
-        finally:
-            os.unlink(fh.name)
-        if done.returncode != 0:
-            raise RuntimeError(f"publishing to {self.endpoint} failed:\n{done.stderr[-3000:]}")
-        return json.loads(done.stdout.strip().splitlines()[-1])

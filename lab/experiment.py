@@ -1,6 +1,6 @@
 """Comparisons of encodings: train one model per (encoding, seed) in parallel worker processes, sweep each best
-checkpoint across sizes, and summarise over seeds. Shared by the main job (``pape-hub arrows``) and
-``pape-hub compare`` (a dataset such as ``digits``, or the video task).
+checkpoint across sizes, and summarise over seeds. Shared by the main job (``python -m lab arrows``) and
+``python -m lab compare`` (a dataset such as ``digits``, or the video task).
 
 A job is a :class:`~pape_hub.training.TrainConfig` plus the evaluation sweep; a worker trains it with one thread,
 evaluates it, and returns the evaluation with the training results. The summary holds every run, the aggregate
@@ -24,8 +24,8 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
-from .progress import Progress
-from .records import Comparison, Evaluation
+from pape_hub.progress import Progress
+from pape_hub.records import Comparison, Evaluation
 
 __all__ = ["aggregate", "bootstrap_interval", "columns", "make_job", "parse_encodings", "plot_results",
            "run_comparison", "run_jobs", "summary_table", "train_and_evaluate", "write_results"]
@@ -92,8 +92,8 @@ def train_and_evaluate(job: dict[str, Any], progress: Any = None) -> Evaluation:
     import torch
 
     torch.set_num_threads(1)
-    from .evaluation import evaluate_checkpoint
-    from .training import TrainConfig, train
+    from pape_hub.evaluation import evaluate_checkpoint
+    from pape_hub.training import TrainConfig, train
 
     cfg = TrainConfig(**job["train"])
     out = Path(cfg.output_dir)
@@ -266,7 +266,7 @@ def summary_table(summary: Comparison) -> str:
 
 def write_results(summary: Comparison, results_dir: Path, title: str) -> None:
     """summary.json (with ``title``), summary.md (the table) and the plot (:func:`plot_results`)."""
-    from .evaluation import write_json
+    from pape_hub.evaluation import write_json
 
     summary.title = title
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -276,9 +276,9 @@ def write_results(summary: Comparison, results_dir: Path, title: str) -> None:
 
 
 def plot_results(summary: Comparison, results_dir: Path) -> Path:
-    """``accuracy_vs_size.png`` of a summary (mean and range over seeds); ``pape-hub report`` redraws it from
+    """``accuracy_vs_size.png`` of a summary (mean and range over seeds); ``python -m lab report`` redraws it from
     ``summary.json``, like the README's tables."""
-    from .evaluation import plot_sweep_summary
+    from pape_hub.evaluation import plot_sweep_summary
 
     path = results_dir / "accuracy_vs_size.png"
     plot_sweep_summary(summary.runs, path, title=summary.title or
