@@ -10,6 +10,7 @@ the code that produced it.
 
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing
 import os
@@ -27,8 +28,72 @@ from typing import Any
 from pape_hub.progress import Progress
 from pape_hub.records import Comparison, Evaluation
 
-__all__ = ["aggregate", "bootstrap_interval", "columns", "make_job", "parse_encodings", "plot_results",
-           "run_comparison", "run_jobs", "summary_table", "train_and_evaluate", "write_results"]
+__all__ = ["DEFAULT_ENCODINGS", "add_comparison_arguments", "aggregate", "bootstrap_interval", "columns",
+           "compare_encodings", "make_job", "parse_encodings", "plot_results", "run_comparison", "run_jobs",
+           "small_vit", "summary_table", "train_and_evaluate", "write_results"]
+
+#: the encodings a comparison trains unless told otherwise (the main job's: one of each family the papers compare)
+DEFAULT_ENCODINGS = ("ape", "rope_mixed", "pape", "pape_ri", "liere8", "alibi")
+
+
+def small_vit() -> dict[str, Any]:
+    """The comparisons' small ViT: the zoo's size "m" (width 96, depth 4, 4 heads, average pooling, no CLS), whose
+    image models are ``vit_m12_*``; other inputs (digits' 2-px patches, video tubelets) add their own arguments."""
+    from pape_hub.models import model_args_for
+
+    keys = ("embed_dim", "depth", "num_heads", "global_pool", "class_token")
+    return {k: v for k, v in model_args_for("vit_m12_ape").items() if k in keys}
+
+
+def add_comparison_arguments(parser: argparse.ArgumentParser, *, seeds: str, output_dir: str, results_dir: str,
+                             train_settings: tuple[str, ...]) -> None:
+    """The flags every comparison has: the encodings, seeds, workers and folders, and ``train_settings`` as
+    ``pape-hub train``'s own flags (unset: the command's preset)."""
+    from pape_hub.commands import add_config_arguments
+    from pape_hub.training import TrainConfig
+
+    parser.add_argument("--encodings", default=",".join(DEFAULT_ENCODINGS),
+                        help="comma-separated, or 'all'; arguments in brackets, e.g. alibi[slope_scale=8]")
+    parser.add_argument("--seeds", default=seeds, help="comma-separated training seeds")
+    add_config_arguments(parser, TrainConfig, only=train_settings, preset_defaults=True)
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes at once (one thread each)")
+    parser.add_argument("--output-dir", default=None, help=f"checkpoints and logs (default {output_dir})")
+    parser.add_argument("--results-dir", default=None, help=f"table, JSON and plot (default {results_dir}; 'none' "
+                        "to skip)")
+    parser.add_argument("--resume", action="store_true", help="keep the runs a stopped run of this command completed "
+                        "with the same settings (their folders under --output-dir) and train only the others")
+
+
+def compare_encodings(args: argparse.Namespace, kind: str, train: dict[str, Any], sweep: dict[str, Any],
+                      sizes: list[Any], unit: str, root: Path, results_dir: Path | None, title: str,
+                      facts: dict[str, Any], publish: Callable[[Comparison], dict[str, Any]] | None = None) -> int:
+    """Train ``train`` (TrainConfig fields; ``{encoding}`` in its model name is replaced) for every encoding of
+    ``args.encodings`` and seed of ``args.seeds``, sweep each best checkpoint (``sweep``), summarise and write the
+    results (with the provenance of ``kind`` when they are written). Returns the command's exit status."""
+    from pape_hub.encodings import list_encodings
+
+    from .provenance import provenance
+
+    seeds = [int(s) for s in args.seeds.split(",")]
+    jobs = [dict(make_job(label, kwargs, seed, root, sweep=sweep,
+                          train=dict(train, model=train["model"].format(encoding=enc),
+                                     init_from=train["init_from"].format(seed=seed) if train.get("init_from")
+                                     else None)),
+                 reuse_complete=args.resume)
+            for label, enc, kwargs in parse_encodings(args.encodings, list_encodings()) for seed in seeds]
+    print(f"training {len(jobs)} model(s) on {train['dataset']}, {train['epochs']} epochs, {args.jobs} at a time; "
+          f"evaluating at {sizes}; each run logs a line per epoch to {root}/RUN.log", flush=True)
+
+    def describe(result: Evaluation) -> str:
+        test = result.train.get("test", {}).get("top1")
+        return f"best val {result.train['best_val_top1']:.3f}" + (f", test {test:.3f}" if test is not None else "")
+
+    # the behaviour probes (seconds) only where a results file will record them
+    facts = dict(provenance=provenance(kind, getattr(args, "command_line", None)) if results_dir else None, **facts)
+    summary = run_comparison(jobs, args.jobs, describe, facts, sizes, unit, results_dir,
+                             title=f"{title}, mean and range over seeds {seeds}", publish=publish)
+    print(f"wall time {summary.wall_s}s; checkpoints in {root}/<encoding>_seed<k>/best")
+    return 1 if summary.failed else 0
 
 _SPEC = re.compile(r"^(\w+)(?:\[(.*)\])?$")
 
@@ -61,7 +126,7 @@ def make_job(label: str, encoding_kwargs: dict[str, Any], seed: int, root: Path,
     folder = re.sub(r"[^\w.=-]+", "_", label).strip("_")
     model_kwargs = dict(train.get("model_kwargs", {}),
                         **({"position_encoding_kwargs": encoding_kwargs} if encoding_kwargs else {}))
-    return dict(encoding=label, sweep=sweep, train=dict(train, model_kwargs=model_kwargs, seed=seed,
+    return dict(label=label, sweep=sweep, train=dict(train, model_kwargs=model_kwargs, seed=seed,
                                                          output_dir=str(root / f"{folder}_seed{seed}")))
 
 
@@ -73,7 +138,7 @@ def run_comparison(jobs: list[dict[str, Any]], workers: int, describe: Callable[
     started = time.time()
     results, failed = run_jobs(jobs, workers, started, describe)
     summary = Comparison(facts, sizes, unit, seeds=list(dict.fromkeys(j["train"]["seed"] for j in jobs)),
-                         encodings=list(dict.fromkeys(j["encoding"] for j in jobs)), runs=results,
+                         encodings=list(dict.fromkeys(j["label"] for j in jobs)), runs=results,
                          aggregate=aggregate(results, sizes, unit), failed=failed)
     print("\n" + summary_table(summary))
     if publish is not None and results:
@@ -108,7 +173,7 @@ def train_and_evaluate(job: dict[str, Any], progress: Any = None) -> Evaluation:
             if progress is not None:
                 progress.put(cfg.epochs)  # its epochs count as done
         evaluation = evaluate_checkpoint(out / "best", **job["sweep"])
-    evaluation.encoding, evaluation.seed, evaluation.train = job["encoding"], cfg.seed, trained
+    evaluation.label, evaluation.seed, evaluation.train = job["label"], cfg.seed, trained
     return evaluation
 
 
@@ -170,7 +235,7 @@ def run_jobs(jobs: list[dict[str, Any]], workers: int, started: float,
             try:
                 for _ in jobs:
                     i, result, error = finished.get()
-                    label = f"{jobs[i]['encoding']} seed {jobs[i]['train']['seed']}"
+                    label = f"{jobs[i]['label']} seed {jobs[i]['train']['seed']}"
                     if error is not None:  # one failed run must not lose the others
                         failed.append(label)
                         print(f"  {label}: FAILED ({type(error).__name__}: {error}; log "
@@ -239,8 +304,8 @@ def aggregate(results: list[Evaluation], sizes: list[int], unit: str = "grid"
     """Per encoding and column: mean, std (over seeds; 0 for one seed), min, max, n and ``ci95``, the bootstrap
     interval of the mean (:func:`bootstrap_interval`)."""
     out: dict[str, dict[str, dict[str, float]]] = {}
-    for enc in dict.fromkeys(r.encoding for r in results):
-        runs = [r for r in results if r.encoding == enc]
+    for enc in dict.fromkeys(r.label for r in results):
+        runs = [r for r in results if r.label == enc]
         cols = {"best val": [r.train["best_val_top1"] for r in runs]}
         for label, size, interp, shuffle in columns(sizes, unit):
             cols[label] = [v for r in runs if (v := r.accuracy(size, interp, shuffle)) is not None]

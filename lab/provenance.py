@@ -1,13 +1,15 @@
 """Where a measured number comes from: the commit, and a fingerprint of the behaviour that can change it.
 
-Every results JSON the project writes carries :func:`provenance`. Its ``behaviour`` is what the code *does* on
-fixed, tiny inputs (:func:`behaviour`): every encoding's logits in float64 on a small image model (two sizes, with
-and without position interpolation) and, for video encodings, a small video model; and, for results that come
-from training, a few epochs of the real training loop on each generated task and on digits, with the evaluation
-sweep of the trained checkpoint. A pure refactor leaves these numbers unchanged, so every result stays current;
-a numerical change moves them and ``python -m lab report --check`` names the results to re-run. Numbers are compared
-with a relative tolerance (:data:`TOLERANCE`), far above the reordering noise of float arithmetic and far below
-any change of method, initialisation order, data or recipe.
+Every results JSON the lab writes carries :func:`provenance`. Its ``behaviour`` is what the code *does* on fixed,
+tiny inputs (:func:`behaviour`): every encoding's logits in float64 on a small image model (two sizes, with and
+without position interpolation) and, for video encodings, a small video model; and, for results that come from
+training, a few epochs of the real training loop on each generated task and on digits, with the evaluation sweep of
+the trained checkpoint. Every weight of these models is filled from a generator seeded by its name
+(:func:`fill_by_name`), so the probes measure the forward and the loop, not the order of the init's random draws. A
+pure refactor - reordering how parameters are created included - leaves these numbers unchanged, so every result
+stays current; a numerical change moves them and ``python -m lab report --check`` names the results to re-run.
+Numbers are compared with a relative tolerance (:data:`TOLERANCE`), far above the reordering noise of float
+arithmetic and far below any change of method, data or recipe.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 from pape_hub.records import git_commit
 
@@ -42,28 +46,79 @@ def _numbers(t: Any) -> list[float]:
     return [round(float(v), 10) for v in t.detach().double().flatten().tolist()]
 
 
+def _name_seed(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+
+
+def random_buffers(build: Callable[[], Any]) -> set[str]:
+    """The floating-point buffers a model's init draws at random (PaPE-RI's fixed per-head scale): those that differ
+    between two builds under different seeds. The others (RoPE frequencies, ALiBi slopes) are functions of the
+    configuration and keep their values, so the probes still see them."""
+    import torch
+
+    torch.manual_seed(0)
+    first = dict(build().named_buffers())
+    torch.manual_seed(1)
+    second = dict(build().named_buffers())
+    return {name for name, t in first.items() if t.is_floating_point() and not torch.equal(t, second[name])}
+
+
+#: the scale of the filled weights: half of unit variance keeps attention far from uniform (every encoding moves the
+#: logits) yet PaPE's 50 parabolas short of attending to each token alone (then positions would not matter)
+WEIGHT_SCALE = 0.5
+
+
+def fill_by_name(model: Any, buffers: set[str] = frozenset()) -> Any:
+    """Overwrite every floating-point parameter (and the named ``buffers``) with draws from a generator seeded by the
+    tensor's own name: normalisation gains 1 + 0.1 z, biases 0.1 z, every other tensor
+    :data:`WEIGHT_SCALE` z / sqrt(its last dimension). The probes
+    then fingerprint what the model computes, not the order in which its constructor drew its init: creating
+    parameters in another order, or an init that draws more or fewer numbers, leaves every probe as it was."""
+    import torch
+
+    gains = {f"{name}.weight" if name else "weight" for name, m in model.named_modules()
+             if hasattr(m, "normalized_shape")}  # LayerNorm and its kin
+    tensors = {**dict(model.named_parameters()), **{n: b for n, b in model.named_buffers() if n in buffers}}
+    with torch.no_grad():
+        for name, t in tensors.items():
+            if not t.is_floating_point():
+                continue
+            z = torch.randn(t.shape, generator=torch.Generator().manual_seed(_name_seed(name)), dtype=torch.float64)
+            if name in gains:
+                t.copy_(1 + 0.1 * z)
+            elif name.endswith("bias"):
+                t.copy_(0.1 * z)
+            else:
+                t.copy_(z * WEIGHT_SCALE / math.sqrt(t.shape[-1] if t.ndim else 1))
+    return model
+
+
 def _probe_models() -> dict[str, list[float]]:
     """Every encoding's float64 logits on a tiny ViT (32 px and 48 px, with and without interpolation) and, where
-    the encoding is defined in 3-D, on a tiny ViViT."""
+    the encoding is defined in 3-D, on a tiny ViViT; every weight filled by name (:func:`fill_by_name`)."""
     import timm
     import torch
 
     from pape_hub.encodings import encoding_class, list_encodings
 
+    def filled(name: str, **kwargs: Any) -> Any:
+        def build() -> Any:
+            return timm.create_model(name, num_classes=3, **_TINY, **kwargs)
+
+        return fill_by_name(build().double().eval(), random_buffers(build))
+
     out: dict[str, list[float]] = {}
     for enc in list_encodings():
-        torch.manual_seed(0)
-        model = timm.create_model(f"vit_t4_{enc}", num_classes=3, **_TINY).double().eval()
+        model = filled(f"vit_t4_{enc}")
         x = torch.randn(2, 3, 48, 48, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
         with torch.no_grad():
             values = [model(x[..., :32, :32]), model(x), model.forward_head(model.forward_features(x, True))]
         out[f"vit/{enc}"] = [v for t in values for v in _numbers(t)]
         if 3 in encoding_class(enc)[0].supported_ndims:
-            torch.manual_seed(0)
-            video = timm.create_model(f"vivit_t16_{enc}", num_classes=3, img_size=32, num_frames=4, **_TINY)
+            video = filled(f"vivit_t16_{enc}", img_size=32, num_frames=4)
             clip = torch.randn(1, 3, 4, 32, 32, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
             with torch.no_grad():
-                out[f"vivit/{enc}"] = _numbers(video.double().eval()(clip))
+                out[f"vivit/{enc}"] = _numbers(video(clip))
     return out
 
 
@@ -80,19 +135,33 @@ _TRAINING_RUNS: dict[str, dict[str, Any]] = {
 }
 
 
+def _filled_build_model(build: Callable[..., Any]) -> Callable[..., Any]:
+    """The training loop's ``build_model`` with every weight filled by name, and the global random state reset to
+    the run's seed afterwards: augmentation and drop path then draw the same numbers however many the init drew."""
+    import torch
+
+    def build_model(cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        model = fill_by_name(build(cfg, *args, **kwargs), random_buffers(lambda: build(cfg, *args, **kwargs)))
+        torch.manual_seed(cfg.seed)
+        return model
+
+    return build_model
+
+
 def _probe_training() -> dict[str, list[float]]:
-    """A few epochs of the real training loop per task (losses, accuracies), and the evaluation sweep of the
-    arrow run's best checkpoint."""
+    """A few epochs of the real training loop per task (losses, accuracies) from weights filled by name, and the
+    evaluation sweep of the arrow run's best checkpoint."""
     import torch
 
     from pape_hub.evaluation import evaluate_checkpoint
-    from pape_hub.training import TrainConfig, train
+    from pape_hub.training import TrainConfig, loop, train
 
     out: dict[str, list[float]] = {}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: the same reduction order on every machine of the kind
     try:
-        with tempfile.TemporaryDirectory(prefix="pape_hub_probe_") as tmp:
+        with tempfile.TemporaryDirectory(prefix="pape_hub_probe_") as tmp, \
+                patch.object(loop, "build_model", _filled_build_model(loop.build_model)):
             for name, fields in _TRAINING_RUNS.items():
                 folder = Path(tmp) / name
                 result = train(TrainConfig(**fields, output_dir=str(folder), quiet=True, seed=3))
@@ -159,14 +228,14 @@ def _close(a: float, b: float) -> bool:
 
 def provenance(kind: str, argv: list[str] | None = None, command: str | None = None) -> dict[str, Any]:
     """What a results file records about the run that wrote it (``command``: a script's own command line, else
-    ``pape-hub`` with ``argv``)."""
+    ``python -m lab`` with ``argv``)."""
     import timm
     import torch
 
     values = behaviour(kind)
     return dict(kind=kind, behaviour_fingerprint=behaviour_digest(values), behaviour=encode_behaviour(values),
                 commit=git_commit(),
-                command=command or "pape-hub " + " ".join(argv if argv is not None else sys.argv[1:]),
+                command=command or "python -m lab " + " ".join(argv if argv is not None else sys.argv[1:]),
                 date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), python=platform.python_version(),
                 torch=torch.__version__, timm=timm.__version__, machine=f"{platform.machine()}, "
                 f"{torch.get_num_threads()} torch threads", cpu=cpu_description())

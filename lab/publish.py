@@ -22,6 +22,8 @@ from typing import Any
 
 from pape_hub.hub import hub_token
 
+from . import REPOSITORY
+
 
 @dataclass
 class HubTarget:
@@ -82,7 +84,7 @@ class HubTarget:
         try:
             env = dict(os.environ, **self.env, PYTHONUNBUFFERED="1")
             done = subprocess.run([sys.executable, "-m", "lab.publish", fh.name], capture_output=True, text=True,
-                                  env=env, timeout=1800, cwd=Path(__file__).resolve().parent.parent)
+                                  env=env, timeout=1800, cwd=REPOSITORY)
         finally:
             os.unlink(fh.name)
         if done.returncode != 0:

@@ -16,8 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from lab.commands.arrows import SETTINGS, arrow_job
-from lab.experiment import aggregate, summary_table, train_and_evaluate, write_results
+from lab import REPOSITORY
+from lab.commands.arrows import PRESET, SETTINGS, arrow_training
+from lab.experiment import aggregate, make_job, summary_table, train_and_evaluate, write_results
 from lab.provenance import provenance
 from pape_hub.recipes import RECIPES
 from pape_hub.records import Comparison
@@ -40,24 +41,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="1", help="comma-separated training seeds")
     parser.add_argument("--output-dir", default="outputs/recipe_bisection", help="checkpoints and logs")
-    parser.add_argument("--results-dir", default="results/recipe_bisection")
+    parser.add_argument("--results-dir", default=str(REPOSITORY / "results" / "recipe_bisection"))
     args = parser.parse_args()
     started = time.time()
     setting, seeds, grids = SETTINGS["default"], [int(s) for s in args.seeds.split(",")], [4, 6, 8]
     results = []
     for label, (recipe, overrides) in VARIANTS.items():
         RECIPES[recipe.name] = recipe  # this process only: the runs below train in it
-        options = argparse.Namespace(train_size=12288, eval_size=2000, init_from=None, recipe=recipe.name)
+        train = arrow_training(setting, dict(PRESET, recipe=recipe.name, **overrides))
         for seed in seeds:
-            job = arrow_job(label, "pape", {}, seed, setting, 5, options, Path(args.output_dir), grids)
-            job["train"].update(overrides)
+            job = make_job(label, {}, seed, Path(args.output_dir), dict(train, model="vit_m12_pape"),
+                           sweep=dict(dataset="arrows", sizes=grids, eval_size=PRESET["eval_size"]))
             result = train_and_evaluate(job)
             results.append(result)
             top = result.accuracy(4)
             print(f"  {label} seed {seed}: test grid 4 {top:.3f} ({time.time() - started:.0f}s)", flush=True)
     command = "python -m lab.recipe_bisection " + shlex.join(sys.argv[1:])
     facts = dict(provenance=provenance("arrows", command=command.strip()), task=dict(setting="default", **setting),
-                 recipe=dict(recipe="paper-pape", variants=list(VARIANTS)), epochs=5)
+                 recipe=dict(recipe="paper-pape", variants=list(VARIANTS)), epochs=PRESET["epochs"])
     summary = Comparison(facts, grids, "grid", seeds, list(VARIANTS), results, aggregate(results, grids),
                          wall_s=round(time.time() - started))
     print("\n" + summary_table(summary))

@@ -7,6 +7,7 @@ once if it already is). The models need torch and timm only.
 """
 
 from importlib import import_module
+from importlib import metadata as _metadata
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -53,10 +54,13 @@ if find_spec("transformers") is not None:
                   failed="the pape_vit / pape_vivit Auto classes are not registered (the timm models work); "
                   "`import pape_hub.hf` shows the full error, e.g. an unsupported transformers version")
 
-__version__ = "0.1.0"
+try:  # one place states the version: pyproject.toml, read from the installed metadata
+    __version__ = _metadata.version("pape_hub")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
+    __version__ = "0+unknown"
 
 #: the optional dependencies, by their import name -> the extra that installs them (``pip install 'pape_hub[X]'``)
-EXTRAS = {"transformers": "hf", "huggingface_hub": "hf", "safetensors": "hf", "accelerate": "train",
+EXTRAS = {"transformers": "hf", "huggingface_hub": "hf", "safetensors": "hf", "jinja2": "hf", "accelerate": "train",
           "tqdm": "train", "matplotlib": "train", "filelock": "train", "datasets": "data", "sklearn": "data",
           "av": "video"}
 

@@ -15,18 +15,43 @@ from torch.utils.data import DataLoader
 
 from .checkpoint import check_output_path, load_checkpoint, record_outputs
 from .data import (
-    ARROW_TEST_SEED,
     DATASET_SPECS,
+    GENERATED_TEST_SEED,
     VideoTransform,
     build_data,
     generated_task,
     is_video_spec,
 )
+from .progress import Progress
 from .records import EVALUATION_FILE, Evaluation, SweepRow, git_commit
-from .training import evaluate_loader
 
-__all__ = ["chance_level", "check_label_names", "evaluate_checkpoint", "parse_clip", "plot_sweep_summary",
-           "resolve_eval_target", "save_evaluation", "shuffle_tiles", "sweep_loaders", "write_json"]
+__all__ = ["chance_level", "check_label_names", "evaluate_checkpoint", "evaluate_loader", "parse_clip",
+           "plot_sweep_summary", "resolve_eval_target", "save_evaluation", "shuffle_tiles", "sweep_loaders",
+           "write_json"]
+
+
+@torch.no_grad()
+def evaluate_loader(model: torch.nn.Module, loader: Any, accelerator: Any = None,
+                    position_interpolation: bool | None = None, progress: str | None = None) -> dict[str, float]:
+    """Top-1, top-5 and cross-entropy over a loader (gathered across processes); ``position_interpolation``
+    overrides the model's setting for these calls; ``progress`` names a progress bar over the batches."""
+    model.eval()
+    correct1 = correct5 = loss_sum = count = 0.0
+    main = accelerator is None or accelerator.is_main_process
+    for images, labels in Progress(loader, desc=progress or "", enabled=progress is not None and main, unit="batch"):
+        if position_interpolation is None:
+            logits = model(images).float()
+        else:  # a pape_hub model (not wrapped): the setting passed down for this call
+            logits = model.forward_head(model.forward_features(images, position_interpolation)).float()
+        if accelerator is not None:
+            logits, labels = accelerator.gather_for_metrics((logits, labels))
+        loss_sum += torch.nn.functional.cross_entropy(logits, labels, reduction="sum").item()
+        top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+        correct1 += (top[:, 0] == labels).sum().item()
+        correct5 += (top == labels[:, None]).any(-1).sum().item()
+        count += labels.numel()
+    return dict(top1=correct1 / max(count, 1), top5=correct5 / max(count, 1), loss=loss_sum / max(count, 1),
+                count=int(count))
 
 
 def shuffle_tiles(x: torch.Tensor, tile: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
@@ -129,7 +154,7 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
             rows.append(_score(model, ShuffledLoader(loader, tile), size, False, progress, shuffled=True))
     unit = task.unit if task else "clip (frames x px)" if is_video_spec(dataset) else "image size (px)"
     return Evaluation(rows, checkpoint=str(checkpoint), architecture=config["architecture"],
-                      encoding=config.get("position_encoding"), dataset=dataset, num_classes=model.num_classes,
+                      label=config.get("position_encoding"), dataset=dataset, num_classes=model.num_classes,
                       split=split if task is None else "generated test seed", sweep_unit=unit,
                       trained_at=trained_size, commit=git_commit())
 
@@ -145,7 +170,7 @@ def sweep_loaders(model: torch.nn.Module, config: dict[str, Any], dataset: str, 
     if task is not None:  # the setting the checkpoint was trained on, at each size of the sweep
         base = task.setting(config.get("pape_hub", {}).get("dataset", {}).get("train", {}))
         for setting in task.sweep(base, [parse_clip(c) for c in clips or []] if task.is_video else sizes):
-            ds = task.dataset(eval_size, setting, seed=ARROW_TEST_SEED, normalize=(mean, std), channels=channels)
+            ds = task.dataset(eval_size, setting, seed=GENERATED_TEST_SEED, normalize=(mean, std), channels=channels)
             check_label_names(config, ds.classes, dataset)
             yield task.size_of(setting), DataLoader(ds, batch_size=batch_size)
         return
@@ -154,8 +179,8 @@ def sweep_loaders(model: torch.nn.Module, config: dict[str, Any], dataset: str, 
         [(None, res) for res in resolutions or default_resolutions(native, model.patch_embed.patch_size[0])]
     for frames, res in shapes:
         tf = VideoTransform(res, mean, std) if video else create_transform(
-            res, is_training=False, mean=mean, std=std, interpolation="bicubic",
-            crop_pct=model.pretrained_cfg.get("crop_pct", 0.9))
+            res, is_training=False, mean=mean, std=std, interpolation=model.pretrained_cfg["interpolation"],
+            crop_pct=model.pretrained_cfg["crop_pct"])  # the checkpoint's own crop and resize
         data = build_data(dataset, img_size=res, eval_transform=tf, train_transform=tf, channels=channels,
                           **({"num_frames": frames} if video else {}))
         check_label_names(config, data.classes, dataset)
@@ -215,22 +240,21 @@ def plot_sweep_summary(results: list[Evaluation], path: str | Path, title: str =
     the others, so equal curves stay visible; solid filled markers: no interpolation, dashed open markers: position
     interpolation. Chance level and the training size are grey reference lines; the legend is outside the data."""
     import matplotlib
+    from matplotlib.figure import Figure  # the object API: no pyplot state, no backend switched for the process
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 4.8))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    encodings = list(dict.fromkeys(r.encoding for r in results))
+    fig = Figure(figsize=(9, 4.8))
+    ax = fig.subplots()
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    encodings = list(dict.fromkeys(r.label for r in results))
     every = list(dict.fromkeys(row.size for r in results for row in r.rows))
     numeric = all(isinstance(v, (int, float)) for v in every)
     position = {v: (v if numeric else i) for i, v in enumerate(every)}  # clip sizes ("6x5") sit at their index
     spread = min((b - a for a, b in zip(sorted(position.values()), sorted(position.values())[1:])), default=1)
     # the (encoding, interpolation) series that have points, side by side around each size (one alone: centred)
     drawn = [(enc, interp) for enc in encodings for interp in (False, True)
-             if _sweep([r for r in results if r.encoding == enc], interp)[0]]
+             if _sweep([r for r in results if r.label == enc], interp)[0]]
     for index, enc in enumerate(encodings):
-        runs = [r for r in results if r.encoding == enc]
+        runs = [r for r in results if r.label == enc]
         color, marker = colors[index % len(colors)], _MARKERS[index % len(_MARKERS)]
         for interp in (False, True):
             sizes, per_size = _sweep(runs, interp)
@@ -261,7 +285,6 @@ def plot_sweep_summary(results: list[Evaluation], path: str | Path, title: str =
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
 
 
 def save_evaluation(result: Evaluation, checkpoint: str | Path, output: str | Path | None = None
@@ -273,7 +296,7 @@ def save_evaluation(result: Evaluation, checkpoint: str | Path, output: str | Pa
     path = check_output_path(output) if output else Path(checkpoint) / EVALUATION_FILE
     plot = check_output_path(path.with_suffix(".png")) if output else Path(checkpoint) / PLOT_NAME
     write_json(result.to_dict(), path)
-    plot_sweep_summary([result], plot, title=f"{result.architecture} ({result.encoding})")
+    plot_sweep_summary([result], plot, title=f"{result.architecture} ({result.label})")
     if not output:
         record_outputs(checkpoint, path.name, plot.name)  # a later save of the checkpoint may replace them
     return path, plot

@@ -127,7 +127,7 @@ class SweepRow:
 
 
 #: the fields of an evaluation in the order its JSON has them
-_FIELDS = ("checkpoint", "architecture", "encoding", "dataset", "num_classes", "split", "sweep_unit", "trained_at",
+_FIELDS = ("checkpoint", "architecture", "label", "dataset", "num_classes", "split", "sweep_unit", "trained_at",
            "commit")
 
 
@@ -138,7 +138,7 @@ class Evaluation:
     rows: list[SweepRow] = field(default_factory=list)
     checkpoint: str | None = None
     architecture: str | None = None
-    encoding: str | None = None  # the encoding, or in a comparison the run's label (e.g. "alibi[slope_scale=8]")
+    label: str | None = None  # the name tables show: the encoding, or a comparison run's label (alibi[slope_scale=8])
     dataset: str | None = None
     num_classes: int | None = None
     split: str | None = None
@@ -174,6 +174,7 @@ class Evaluation:
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "evaluation") -> Evaluation:
         kinds = dict(num_classes=(int, type(None)), trained_at=(int, str, type(None)))
+        data = {"label": data["encoding"], **data} if "encoding" in data else data  # 0.1 wrote "encoding"
         fields = {k: field_value(data, k, kinds.get(k, _TEXT), where, None) for k in _FIELDS}
         rows = [SweepRow.from_dict(r, f"{where}.rows[{i}]")
                 for i, r in enumerate(field_value(data, "rows", list, where, []))]
@@ -257,8 +258,8 @@ class Comparison:
     def provenance(self) -> dict[str, Any]:
         return self.facts.get("provenance", {})
 
-    def runs_of(self, encoding: str) -> list[Evaluation]:
-        return [r for r in self.runs if r.encoding == encoding]
+    def runs_of(self, label: str) -> list[Evaluation]:
+        return [r for r in self.runs if r.label == label]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "summary") -> Comparison:

@@ -108,7 +108,7 @@ def make_imagefolder(root, classes=("cat", "dog"), per_class=6, size=20):
 def test_imagefolder_loader(tmp_path):
     make_imagefolder(tmp_path)
     data = build_data(f"imagefolder:{tmp_path}", img_size=16, val_fraction=0.2)
-    assert data.classes == ["cat", "dog"] and data.is_images
+    assert data.classes == ["cat", "dog"] and data.natural_images
     assert len(data.train) + len(data.val) == 12 and len(data.test) == 12
     image, label = data.val[0]
     assert image.size == (20, 20) and label in (0, 1)  # no transform given: PIL images

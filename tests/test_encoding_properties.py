@@ -268,7 +268,7 @@ def test_liere_block2_is_relative_and_dense_is_not():
 
 def test_liere_scales_positions_to_unit_training_grid():
     enc = make_encoding("liere", grid=(5, 9))
-    torch.testing.assert_close(enc.position_scale, torch.tensor([1 / 8, 1 / 4], dtype=torch.float64))
+    torch.testing.assert_close(enc.extent_scale, torch.tensor([1 / 8, 1 / 4], dtype=torch.float64))
 
 
 @pytest.mark.parametrize("name", ["rope", "rope_mixed", "polar_rope", "liere8", "liere", "pape", "pape_ri"])

@@ -99,7 +99,7 @@ def test_one_series_is_drawn_centred(tmp_path, monkeypatch):
     original = matplotlib.axes.Axes.errorbar
     monkeypatch.setattr(matplotlib.axes.Axes, "errorbar",
                         lambda self, xs, *a, **k: drawn.append(list(xs)) or original(self, xs, *a, **k))
-    plot_sweep_summary([Evaluation([SweepRow(4, False, 0.9, 1.0, 0.1, 10)], encoding="pape", trained_at=4)],
+    plot_sweep_summary([Evaluation([SweepRow(4, False, 0.9, 1.0, 0.1, 10)], label="pape", trained_at=4)],
                        tmp_path / "plot.png")
     assert drawn == [[4]]
 

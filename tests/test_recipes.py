@@ -15,7 +15,8 @@ from torchvision import transforms
 
 from pape_hub.card import render_model_card
 from pape_hub.recipes import RECIPES, build_optimizer, get_recipe, init_linear_layers, lr_schedule
-from pape_hub.training import TrainConfig, build_model, data_transforms, train
+from pape_hub.training import TrainConfig, build_model, train
+from pape_hub.training.data import data_transforms
 
 MODEL = dict(embed_dim=32, depth=2, num_heads=2, num_classes=7)
 

@@ -35,6 +35,48 @@ def test_every_result_records_its_behaviour_and_a_numerical_change_is_flagged(mo
     assert len(behaviour_differences(recorded, changed)) == len(set(recorded) & set(now))  # newer probes: no record
 
 
+def test_the_probes_follow_the_forward_not_the_order_of_the_init_draws(monkeypatch):
+    """An init that draws its numbers in another order (PaPE's projections initialised in reverse, an extra draw
+    before every module) builds other models from the same seed, but the probes fill every weight by name, so they
+    and every result's currency stay as they were; a change of what the forward computes still moves them."""
+    import torch
+
+    from lab import provenance
+    from pape_hub.encodings.pape import PaPE, ParabolicEncoding
+    from pape_hub.models import vit
+
+    before = provenance._probe_models()
+    torch.manual_seed(0)
+    drawn_before = timm_pape()
+    init_module, token_positions = vit.init_module, ParabolicEncoding.token_positions
+
+    def one_more_draw(module):
+        torch.rand(3)
+        init_module(module)
+
+    def reversed_reset(self):
+        for name in ("tilt_proj", "curvature_proj", "position_proj"):
+            bound = 1 / getattr(self.ctx, "ndim" if name == "position_proj" else "dim") ** 0.5
+            torch.nn.init.uniform_(getattr(self, name), -bound, bound)
+
+    monkeypatch.setattr(vit, "init_module", one_more_draw)
+    monkeypatch.setattr(PaPE, "reset_parameters", reversed_reset)
+    torch.manual_seed(0)
+    assert not torch.equal(timm_pape(), drawn_before)  # the same seed draws another model now
+    assert not provenance.behaviour_differences(before, provenance._probe_models())
+    monkeypatch.setattr(ParabolicEncoding, "token_positions", lambda self, pos: 1.01 * token_positions(self, pos))
+    assert [p.split(":")[0] for p in provenance.behaviour_differences(before, provenance._probe_models())] == \
+        ["vit/pape", "vit/pape_ri", "vivit/pape", "vivit/pape_ri"]  # a change of the forward moves its probes
+
+
+def timm_pape():
+    import timm
+    import torch
+
+    model = timm.create_model("vit_t4_pape", embed_dim=32, depth=1, num_heads=2)
+    return torch.cat([p.flatten() for p in model.parameters()])
+
+
 def test_every_readme_block_is_generated():
     readme = (ROOT / "README.md").read_text()
     names = re.findall(r"<!-- generated: (\w+) -->", readme)

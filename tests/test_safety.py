@@ -300,9 +300,9 @@ def test_bad_encoding_arguments_are_refused_by_name(kwargs, message):
 
 
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    import pape_hub.training as training
+    from pape_hub.training import loop
 
-    build = training.build_model
+    build = loop.build_model
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):  # the model's output turns NaN in the second epoch (4 steps per epoch)
@@ -314,7 +314,7 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_
         model.register_forward_hook(hook)
         return model
 
-    monkeypatch.setattr(training, "build_model", poisoned)
+    monkeypatch.setattr(loop, "build_model", poisoned)
     with pytest.raises(FloatingPointError, match="training loss is nan at epoch 2, step 2.*last good checkpoint"):
         train(arrow_config(tmp_path, epochs=3))
     config = json.loads((tmp_path / "run" / "last" / "config.json").read_text())

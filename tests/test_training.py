@@ -99,9 +99,9 @@ def test_a_run_saved_before_recipes_resumes(tmp_path):
 
 def test_interrupted_run_loses_at_most_the_current_epoch(tmp_path, monkeypatch):
     train(arrow_config(tmp_path, "straight", epochs=2))
-    import pape_hub.training as training
+    from pape_hub.training import loop
 
-    original = training.evaluate_loader
+    original = loop.evaluate_loader
     calls = {"n": 0}
 
     def dying_evaluate(*args, **kwargs):  # dies at the end of epoch 2, before that epoch is saved
@@ -110,10 +110,10 @@ def test_interrupted_run_loses_at_most_the_current_epoch(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(training, "evaluate_loader", dying_evaluate)
+    monkeypatch.setattr(loop, "evaluate_loader", dying_evaluate)
     with pytest.raises(KeyboardInterrupt):
         train(arrow_config(tmp_path, "killed", epochs=2))
-    monkeypatch.setattr(training, "evaluate_loader", original)
+    monkeypatch.setattr(loop, "evaluate_loader", original)
     saved = json.loads((tmp_path / "killed" / "state" / "trainer_state.json").read_text())
     assert saved["epoch"] == 0  # epoch 1 is on disk, intact
     train(arrow_config(tmp_path, "killed", epochs=2, resume=str(tmp_path / "killed")))
@@ -133,7 +133,7 @@ def test_evaluate_sweep_and_patch_shuffle(tmp_path):
     result = evaluate_checkpoint(tmp_path / "run" / "best", "arrows", sizes=[4, 6], eval_size=32)
     sizes = {(r.size, r.interpolation, r.patch_shuffle) for r in result.rows}
     assert sizes == {(4, False, False), (4, False, True), (6, False, False), (6, True, False)}
-    assert result.encoding == "pape" and result.trained_at == 4
+    assert result.label == "pape" and result.trained_at == 4
     card = write_model_card(tmp_path / "run" / "best", result, plot="plot.png").read_text()
     assert card.startswith("---\n") and "pipeline_tag: image-classification" in card
     top1 = result.accuracy(6)

@@ -322,13 +322,11 @@ def print_table(size: str, res: int, rows: dict[str, dict[str, Any]]) -> None:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     runs = report["runs"]
-    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.2 * len(runs)), squeeze=False)
+    fig = Figure(figsize=(10, 3.2 * len(runs)))
+    axes = fig.subplots(len(runs), 1, squeeze=False)
     for ax, run_ in zip(axes[:, 0], runs):
         keys = list(run_["rows"])
         ratios = [run_["rows"][k]["infer_ratio"] for k in keys]
@@ -340,4 +338,3 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.tick_params(axis="x", rotation=60)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -22,7 +22,9 @@ from typing import Any
 
 from pape_hub.records import Comparison, Evaluation, read_record
 
-ROOT = Path(__file__).resolve().parents[2]
+from .. import REPOSITORY
+
+ROOT = REPOSITORY
 _BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", flags=re.DOTALL)
 
 
@@ -243,7 +245,7 @@ def rerun_block(results: Path, earlier: str, later: str) -> str:
     def top1s(run: Evaluation) -> list[float | None]:  # every reported column of one run
         return [run.accuracy(size, interp, shuffle) for _, size, interp, shuffle in cols]
 
-    earlier_runs = {(r.encoding, r.seed): top1s(r) for r in old.runs}
+    earlier_runs = {(r.label, r.seed): top1s(r) for r in old.runs}
     later_stats = aggregate(new.runs, new.sizes, new.unit)
     lines = ["| encoding | runs equal bit for bit | largest top-1 difference | earlier means inside the later "
              "intervals |", "|---|---|---|---|"]

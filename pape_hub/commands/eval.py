@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 
 from ..checkpoint import check_output_path
+from ..cpu import flush_denormals
 from ..data import DATASET_SPECS
 from ..evaluation import evaluate_checkpoint, resolve_eval_target, save_evaluation
 
@@ -50,16 +51,16 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(True)  # subnormal floats are slow on CPU and change no prediction (see training.py)
     if args.output:  # before the evaluation: never over a checkpoint's own files
         check_output_path(args.output)
         check_output_path(Path(args.output).with_suffix(".png"), "--output's plot")
     checkpoint, dataset = resolve_eval_target(args.checkpoint, args.dataset)
-    result = evaluate_checkpoint(checkpoint, dataset, sizes=ints(args.sizes),
-                                 resolutions=ints(args.resolutions), interpolation=args.interpolation,
-                                 split=args.split, batch_size=args.batch_size, eval_size=args.eval_size,
-                                 patch_shuffle={"trained": True, "all": "all", "none": False}[args.patch_shuffle],
-                                 clips=args.clips.split(",") if args.clips else None)
+    with flush_denormals():  # subnormal floats are slow on CPU and change no prediction
+        result = evaluate_checkpoint(checkpoint, dataset, sizes=ints(args.sizes),
+                                     resolutions=ints(args.resolutions), interpolation=args.interpolation,
+                                     split=args.split, batch_size=args.batch_size, eval_size=args.eval_size,
+                                     patch_shuffle={"trained": True, "all": "all", "none": False}[args.patch_shuffle],
+                                     clips=args.clips.split(",") if args.clips else None)
     output, plot = save_evaluation(result, checkpoint, args.output)
     top5 = (result.num_classes or 6) > 5  # with 5 classes or fewer, top-5 is 1 whatever the model does
     print(f"{'size':>6} {'interp':>6} {'shuffle':>7} {'top-1':>7}" + (f" {'top-5':>7}" if top5 else ""))

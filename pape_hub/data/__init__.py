@@ -7,11 +7,11 @@ download), ``imagefolder:PATH``, ``hf:NAME`` (a Hugging Face dataset name or a `
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 
 from .arrows import DIRECTIONS, ArrowConfig, ArrowDataset, arrow_statistics, paper_setting
 from .images import (
@@ -36,11 +36,11 @@ from .video import (
 )
 
 __all__ = [
-    "ARROW_TEST_SEED", "ARROW_VAL_SEED", "ArrowConfig", "ArrowDataset", "DATASET_SPECS", "DIGITS_INPUT", "DIRECTIONS",
-    "DataBundle", "GENERATED_TASKS", "GeneratedTask", "MotionConfig", "MotionDataset", "TransformedDataset",
-    "VIDEO_SPECS", "VideoTransform", "arrow_statistics", "build_data", "channel_statistics", "check_splits",
-    "describe_spec",
-    "generated_task", "is_video_spec", "motion_statistics", "paper_setting", "read_video", "stratified_split",
+    "ArrowConfig", "ArrowDataset", "DATASET_SPECS", "DIGITS_INPUT", "DIRECTIONS", "DataBundle", "GENERATED_TASKS",
+    "GENERATED_TEST_SEED", "GENERATED_VAL_SEED", "GeneratedTask", "MotionConfig", "MotionDataset",
+    "TransformedDataset", "VIDEO_SPECS", "VideoTransform", "arrow_statistics", "build_data", "channel_statistics",
+    "check_splits", "describe_spec", "generated_task", "is_video_spec", "motion_statistics", "paper_setting",
+    "read_video", "stratified_split",
 ]
 
 DATASET_SPECS = "arrows | digits | imagefolder:PATH | hf:NAME | cifar:PATH | motion | videofolder:PATH"
@@ -53,7 +53,7 @@ VIDEO_SPECS = ("motion", "videofolder")
 def is_video_spec(spec: str) -> bool:
     return spec.partition(":")[0] in VIDEO_SPECS
 
-ARROW_VAL_SEED, ARROW_TEST_SEED = 1_000_003, 2_000_003  # fixed, whatever the training seed
+GENERATED_VAL_SEED, GENERATED_TEST_SEED = 1_000_003, 2_000_003  # fixed, whatever the training seed
 
 
 @dataclass
@@ -62,9 +62,22 @@ class DataBundle:
     val: Dataset
     test: Dataset | None
     classes: list[str]
-    is_images: bool  # natural images: RandAugment / Mixup / CutMix apply (never for the generated tasks or video)
+    natural_images: bool  # photographs and the like: RandAugment, Mixup, CutMix apply (not generated tasks, video)
     description: dict[str, Any] = field(default_factory=dict)
     is_video: bool = False
+
+    def with_transforms(self, train_transform: Any, eval_transform: Any) -> DataBundle:
+        """The same splits of a dataset read from files (nothing is read again) with other transforms: the
+        training split's, and the validation and test splits'."""
+        def swap(split: Dataset | None, transform: Any) -> Dataset | None:
+            if split is None:
+                return None
+            if isinstance(split, Subset):
+                return subset(split.dataset.with_transform(transform), split.indices)
+            return split.with_transform(transform)
+
+        return replace(self, train=swap(self.train, train_transform), val=swap(self.val, eval_transform),
+                       test=swap(self.test, eval_transform))
 
 
 def describe_spec(spec: str) -> str:
@@ -95,9 +108,9 @@ def build_data(spec: str, *, img_size: int, seed: int = 0, val_fraction: float =
                              f"but the model takes {img_size}px; pass matching --img-size or {kind} grid/cell")
         make = lambda n, s: task.dataset(n, cfg, seed=s, normalize=normalize, channels=channels)  # noqa: E731
         train = make(train_size, seed)
-        return DataBundle(train, make(eval_size, ARROW_VAL_SEED), make(eval_size, ARROW_TEST_SEED), train.classes,
-                          False, dict(spec=kind, train=train.describe(), val_seed=ARROW_VAL_SEED,
-                                      test_seed=ARROW_TEST_SEED), is_video=task.is_video)
+        return DataBundle(train, make(eval_size, GENERATED_VAL_SEED), make(eval_size, GENERATED_TEST_SEED),
+                          train.classes, False, dict(spec=kind, train=train.describe(), val_seed=GENERATED_VAL_SEED,
+                                      test_seed=GENERATED_TEST_SEED), is_video=task.is_video)
     if kind == "videofolder":
         if not arg:
             raise ValueError(f"dataset spec {spec!r} needs a path after the colon")

@@ -1,5 +1,5 @@
 """What the generated tasks' datasets share: deterministic samples drawn from (seed, index), served as normalised
-float tensors, and the closed-form statistics they are normalised with."""
+float tensors, and the statistics they are normalised with (measured once on a fixed sample of the setting)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@ dataset's name.
 
 A generated task draws its samples from a seed (nothing to download, validation and test from fixed seeds of their
 own). Each names its setting (``ArrowConfig`` / ``MotionConfig``, held in ``TrainConfig.arrow`` / ``.motion``), its
-dataset, the closed-form statistics it is normalised with, whether it is video, and how an evaluation sweeps it
-(arrow grids; motion clips as ``FRAMESxGRID``).
+dataset, the statistics it is normalised with (measured on a fixed sample of the setting), whether it is video,
+and how an evaluation sweeps it (arrow grids; motion clips as ``FRAMESxGRID``).
 """
 
 from __future__ import annotations

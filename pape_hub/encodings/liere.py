@@ -57,7 +57,7 @@ class LieRE(PositionEncoding):
         shape = (ctx.depth, ctx.num_heads, self.num_blocks, ctx.ndim, b, b)
         self.init_scale = init_scale
         self.generators = nn.Parameter(torch.empty(shape))
-        self.register_buffer("position_scale", torch.empty(ctx.ndim))
+        self.register_buffer("extent_scale", torch.empty(ctx.ndim))  # 1 / (training grid extent - 1) per axis
         self.reset_parameters()
 
     @torch.no_grad()
@@ -65,13 +65,13 @@ class LieRE(PositionEncoding):
         """Generators ~ U(0, init_scale) (the reference's init); positions scaled by the training grid's extent."""
         self.generators.copy_(torch.rand(self.generators.shape) * self.init_scale)
         grid = torch.tensor(list(reversed(self.ctx.grid_size)), dtype=torch.float32)  # coordinate axis order
-        self.position_scale.copy_(1.0 / (grid - 1).clamp(min=1))
+        self.extent_scale.copy_(1.0 / (grid - 1).clamp(min=1))
 
     def rotations(self, coords: torch.Tensor, layer: int | None = None) -> torch.Tensor:
         """(T, p) token coordinates -> (depth, heads, T, blocks, b, b) rotations, or (heads, T, blocks, b, b)
         for one ``layer``; float32 (float64 for float64 coordinates). A token at the origin gets the identity."""
         work = compute_dtype(coords)
-        pos = coords.to(work) * self.position_scale.to(work)
+        pos = coords.to(work) * self.extent_scale.to(work)
         raw = self.generators if layer is None else self.generators[layer : layer + 1]
         skew = skew_symmetric(raw.to(work))  # (L, H, G, p, b, b)
         log_rot = torch.einsum("np,lhgpij->lhngij", pos, skew)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from timm.models import get_pretrained_cfg
 from torch import nn
 from torch.utils._pytree import TreeSpec, tree_unflatten
 from transformers import PreTrainedModel
@@ -171,9 +172,13 @@ def timm_fields(config: PapeViTConfig, vit: VisionTransformer) -> dict[str, Any]
     if config.is_video:
         args["num_frames"] = vit.patch_embed.num_frames
     mean, std = config.normalisation()
+    # how the zoo crops and resizes inputs for this architecture; as remote code (no pape_hub, nothing registered)
+    # a saved folder keeps the whole image, resized bicubically
+    registered = get_pretrained_cfg(architecture)
+    interpolation, crop_pct = (registered.interpolation, registered.crop_pct) if registered else ("bicubic", 1.0)
     pretrained_cfg = dict(
         architecture=architecture, input_size=[config.num_channels, size, size], num_classes=num_classes,
-        mean=mean, std=std, interpolation="bicubic", crop_pct=1.0,
+        mean=mean, std=std, interpolation=interpolation, crop_pct=crop_pct,
         first_conv="patch_embed.proj", classifier="head", fixed_input_size=False,
     )
     fields = dict(architecture=architecture, model_args=args, num_classes=num_classes, pretrained_cfg=pretrained_cfg,

@@ -138,24 +138,15 @@ class VisionTransformer(nn.Module):
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(self.head_hidden_size, num_classes) if num_classes > 0 else nn.Identity()
         self.head_bias_init = head_bias_init
-        self._init_at_construction()
+        self.init_weights()
 
     # --- init ------------------------------------------------------------------------------------
     def init_weights(self) -> None:
-        """Initialise every parameter and buffer (timm's ``init_weights``; run it after building on the meta
-        device and ``to_empty``): :func:`init_module` on every module, children first. The transformers face's
-        ``_init_weights`` is the same function, so both faces initialise alike."""
+        """Initialise every parameter and buffer: :func:`init_module` on every module, children first. The
+        constructor calls it, and so can a user after building on the meta device and ``to_empty`` (timm's
+        ``init_weights``); the transformers face's ``_init_weights`` is the same function, so both faces initialise
+        alike."""
         self.apply(init_module)
-
-    def _init_at_construction(self) -> None:
-        """The constructor's init: the layers' own defaults (conv, LayerNorm, encodings), then timm's ViT init of
-        the linears and tokens. Same distributions as :meth:`init_weights`; kept as its own sequence of random
-        draws so that a seed gives the models it always gave."""
-        self._init_prefix_tokens()
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Linear) and not name.startswith("pos_encoding"):
-                init_module(module)
-        self._init_head()
 
     def init_self(self) -> None:
         """This module's own tensors: CLS and registers (:func:`init_prefix_token`), and the head rule below."""

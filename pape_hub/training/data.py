@@ -1,0 +1,151 @@
+"""The data of a training run: the splits (read once), their transforms, the normalisation, and the loaders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from timm.data import create_transform
+from timm.models import get_pretrained_cfg
+from torch.utils.data import DataLoader
+from torchvision import transforms
+
+from ..data import (
+    ArrowConfig,
+    DataBundle,
+    MotionConfig,
+    VideoTransform,
+    build_data,
+    channel_statistics,
+    check_splits,
+    generated_task,
+    is_video_spec,
+)
+from ..models import model_args_for
+from .settings import TrainConfig
+
+__all__ = ["TrainingData", "data_transforms", "fixed_normalisation", "input_spec", "prepare_data", "task_setting"]
+
+def task_setting(cfg: TrainConfig) -> Any:
+    """The generated task's setting (``ArrowConfig`` / ``MotionConfig`` from ``cfg.arrow`` / ``cfg.motion``), or
+    None for a dataset read from files."""
+    task = generated_task(cfg.dataset)
+    return None if task is None else task.config_class(**getattr(cfg, task.setting_field))
+
+
+def input_spec(cfg: TrainConfig, generated: Any) -> tuple[int, int | None, bool]:
+    """(image size, frames per clip or None, is video), checked against the model; ``generated``: the generated
+    task's setting, or None."""
+    defaults = {**model_args_for(cfg.model), **cfg.model_kwargs}
+    video = "num_frames" in defaults
+    if video != is_video_spec(cfg.dataset):
+        raise ValueError(f"{cfg.model} is {'a video' if video else 'an image'} model but {cfg.dataset!r} is "
+                         f"{'a video' if is_video_spec(cfg.dataset) else 'an image'} dataset")
+    img_size = generated.image_size if generated else (cfg.img_size or defaults["img_size"])
+    if generated and cfg.img_size not in (None, img_size):
+        raise ValueError(f"--img-size {cfg.img_size} does not match the {cfg.dataset} images ({img_size}px)")
+    num_frames = None
+    if video:
+        num_frames = generated.frames if generated else (cfg.num_frames or defaults["num_frames"])
+        if generated and list(defaults["tubelet_size"])[0] != generated.tubelet_frames:
+            raise ValueError(f"the motion task keeps frames still within tubelets of {generated.tubelet_frames}, but "
+                             f"the model's tubelet is {list(defaults['tubelet_size'])}; make them agree")
+    return img_size, num_frames, video
+
+
+def data_transforms(cfg: TrainConfig, img_size: int, channels: int, mean: Any, std: Any, crop_pct: float,
+                    video: bool = False) -> tuple[Any, Any]:
+    """(train, eval) transforms of an image or video dataset: the augmentation preset, then normalisation. Clips
+    take the preset's random-resized crop and flip, the same for every frame (RandAugment, jitter, Mixup and
+    CutMix are image-only)."""
+    aug = cfg.augmentation()
+    if video:
+        if aug["crop_padding"]:
+            raise ValueError("crop_padding (--crop-padding) is an image augmentation; clips take --crop-scale")
+        return (VideoTransform(img_size, mean, std, crop_scale=aug["crop_scale"], hflip=aug["hflip"]),
+                VideoTransform(img_size, mean, std))
+    eval_tf = create_transform(img_size, is_training=False, mean=mean, std=std, interpolation="bicubic",
+                               crop_pct=crop_pct)
+    if aug["crop_scale"] is None and not aug["crop_padding"] and not aug["hflip"] and not aug["color_jitter"] \
+            and not aug["randaugment"]:
+        return eval_tf, eval_tf
+    train_tf = create_transform(img_size, is_training=True, scale=aug["crop_scale"] or (1.0, 1.0),
+                                hflip=aug["hflip"], color_jitter=aug["color_jitter"],
+                                auto_augment=aug["randaugment"] or None, mean=mean, std=std, interpolation="bicubic",
+                                separate=bool(aug["crop_padding"]))
+    if aug["crop_padding"]:  # the CIFAR crop: pad, then a random crop of the image size (timm has no such stage)
+        _, colour, final = train_tf
+        crop = transforms.Compose([
+            transforms.Resize(img_size, interpolation=transforms.InterpolationMode.BICUBIC),
+            transforms.CenterCrop(img_size), transforms.RandomCrop(img_size, padding=aug["crop_padding"]),
+            transforms.RandomHorizontalFlip(aug["hflip"])])
+        train_tf = transforms.Compose([crop, colour, final])
+    return train_tf, eval_tf
+
+
+def fixed_normalisation(cfg: TrainConfig, channels: int, setting: Any) -> tuple[list[float], list[float]] | None:
+    """Mean and std (one per channel) that need no reading of the data: the model's (``normalize="model"``), or a
+    generated task's (``setting``: :func:`task_setting`), measured once on a fixed sample of that setting; None
+    for a dataset read from files, which is normalised with its training split's own statistics."""
+    if cfg.normalize == "model":
+        pretrained = get_pretrained_cfg(cfg.model).to_dict()
+        mean, std = list(pretrained["mean"]), list(pretrained["std"])
+        if channels == 1:  # a grey model: the average of the model's per-channel values
+            mean, std = [sum(mean) / len(mean)], [sum(std) / len(std)]
+        return mean, std
+    if setting is not None:
+        mean, std = generated_task(cfg.dataset).statistics(setting)
+        return [round(mean, 6)] * channels, [round(std, 6)] * channels
+    return None
+
+
+@dataclass
+class TrainingData:
+    """What a run trains and is scored on."""
+
+    data: DataBundle
+    train_loader: DataLoader
+    val_loader: DataLoader
+    test_loader: DataLoader | None
+    img_size: int
+    num_frames: int | None  # frames per clip (video), else None
+    data_config: dict[str, Any]  # input_size, mean and std, as the checkpoints record them
+
+
+def prepare_data(cfg: TrainConfig) -> TrainingData:
+    """The splits of ``cfg.dataset`` (read once: a dataset read from files gives its statistics from the same
+    splits), transformed and normalised, checked to be readable, and their loaders."""
+    arrow_cfg, motion_cfg = ArrowConfig(**cfg.arrow), MotionConfig(**cfg.motion)  # checked whatever the dataset
+    setting = task_setting(cfg)
+    img_size, num_frames, video = input_spec(cfg, setting)
+    channels = cfg.model_kwargs.get("in_chans", 3)
+    crop_pct = get_pretrained_cfg(cfg.model).crop_pct
+    read = partial(build_data, cfg.dataset, img_size=img_size, seed=cfg.seed, val_fraction=cfg.val_fraction,
+                   train_size=cfg.train_size, eval_size=cfg.eval_size, arrow_config=arrow_cfg,
+                   image_column=cfg.image_column, label_column=cfg.label_column, channels=channels,
+                   motion_config=motion_cfg, num_frames=num_frames or 16)
+    normalisation = fixed_normalisation(cfg, channels, setting)
+    if normalisation is None:  # the training split's own statistics: read unnormalised, then transformed
+        zeros, ones = (0.0,) * channels, (1.0,) * channels
+        plain = VideoTransform(img_size, zeros, ones) if video else create_transform(
+            img_size, is_training=False, mean=zeros, std=ones, interpolation="bicubic", crop_pct=crop_pct)
+        raw = read(train_transform=plain, eval_transform=plain)
+        mean, std = channel_statistics(raw.train, max_samples=256 if video else 2048)  # decoding clips is slow
+        data = raw.with_transforms(*data_transforms(cfg, img_size, channels, mean, std, crop_pct, video))
+    else:
+        mean, std = normalisation
+        train_tf, eval_tf = data_transforms(cfg, img_size, channels, mean, std, crop_pct, video)
+        data = read(train_transform=train_tf, eval_transform=eval_tf, normalize=(mean, std))
+    check_splits(data)  # a broken file is named now, not after an epoch of training
+    generator = torch.Generator().manual_seed(cfg.seed)
+    train_loader = DataLoader(data.train, batch_size=cfg.batch_size, shuffle=True, drop_last=True,
+                              num_workers=cfg.num_workers, generator=generator)
+    if len(train_loader) == 0:
+        raise ValueError(f"the training split has {len(data.train)} samples, fewer than one batch of {cfg.batch_size}")
+    val_loader = DataLoader(data.val, batch_size=cfg.batch_size, num_workers=cfg.num_workers)
+    test_loader = DataLoader(data.test, batch_size=cfg.batch_size, num_workers=cfg.num_workers) \
+        if data.test is not None else None
+    return TrainingData(data, train_loader, val_loader, test_loader, img_size, num_frames,
+                        dict(input_size=(channels, img_size, img_size), mean=mean, std=std))
