@@ -147,7 +147,8 @@ print(clip.shape, (kib("VmHWM") - before) // 1024)
 
 def test_reading_a_long_video_keeps_only_the_sampled_frames(tmp_path):
     """1500 frames of 128 x 128 (48 kB each, 74 MB decoded) for a 16-frame clip: the peak memory of a fresh process
-    grows by the clip, not by the file (PyAV's frame buffers are not Python allocations, hence a process's RSS)."""
+    grows by the clip, not by the file (PyAV's frame buffers are not Python allocations, hence a process's RSS).
+    Decoding every frame grew it by 94 MB; sampling grows it by 21 MB here and 32 MB on CI (libav's own pools)."""
     import subprocess
     import sys
 
@@ -155,7 +156,7 @@ def test_reading_a_long_video_keeps_only_the_sampled_frames(tmp_path):
     write_long_clip(path, frames=1500, size=128)
     done = subprocess.run([sys.executable, "-c", READ_VIDEO, str(path)], capture_output=True, text=True, timeout=300)
     shape, grown_mb = done.stdout.rsplit(" ", 1)
-    assert shape == "(16, 128, 128, 3)" and int(grown_mb) < 30, (done.stdout, done.stderr[-2000:])
+    assert shape == "(16, 128, 128, 3)" and int(grown_mb) < 55, (done.stdout, done.stderr[-2000:])
     write_long_clip(path, frames=40, size=16)
     import av
 
