@@ -366,7 +366,8 @@ def load_checkpoint(directory: str | Path, **overrides: Any) -> tuple[torch.nn.M
         overrides: extra model constructor arguments (e.g. ``drop_path_rate=0.1``).
 
     Example:
-        >>> model, config = pape_hub.load_checkpoint("my_model")
+        >>> import pape_hub
+        >>> model, config = pape_hub.load_checkpoint("my_model")  # the folder save_checkpoint's example wrote
         >>> config["architecture"]
         'vit_t4_pape'
     """

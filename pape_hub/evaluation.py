@@ -136,7 +136,32 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
 
     Each size is scored without and with position interpolation (except the training size, where interpolation
     changes nothing), and the training size also with shuffled patches (tubelets for video;
-    ``patch_shuffle="all"``: every size). ``progress``: a bar over each pass's batches and a line per pass."""
+    ``patch_shuffle="all"``: every size).
+
+    Args:
+        checkpoint: a checkpoint folder (:func:`~pape_hub.checkpoint.save_checkpoint`, training's ``best/``).
+        dataset: a dataset spec as ``pape-hub train`` takes it (``arrows``, ``motion``, ``digits``,
+            ``imagefolder:PATH``, ...); its classes must be the checkpoint's, by name and order.
+        sizes: grid sizes of a generated task (default: the task's sweep).
+        resolutions: image sizes in pixels of an image dataset (default: the training size and 1.5x, 2x).
+        interpolation: ``"both"``, ``"on"`` or ``"off"``: score with position interpolation, without, or both.
+        split: the dataset split to score (generated tasks: their test seed).
+        batch_size: images or clips per forward.
+        eval_size: samples generated per size for a generated task.
+        patch_shuffle: also score the training size with the patches permuted (a model that uses positions falls
+            to chance); ``"all"``: every size.
+        clips: video sizes as ``"FRAMESxSIZE"`` or ``(frames, size)``.
+        progress: a bar over each pass's batches and a line per pass.
+
+    Example:
+        >>> import pape_hub, timm
+        >>> from pape_hub.evaluation import evaluate_checkpoint
+        >>> model = timm.create_model("vit_m12_pape", num_classes=4)
+        >>> folder = pape_hub.save_checkpoint(model, "untrained", label_names=["up", "right", "down", "left"])
+        >>> result = evaluate_checkpoint(folder, "arrows", sizes=[4, 6], eval_size=64, progress=False)
+        >>> [(row.size, row.interpolation, row.patch_shuffle) for row in result.rows]
+        [(4, False, False), (4, False, True), (6, False, False), (6, True, False)]
+    """
     model, config = load_checkpoint(checkpoint)
     model.eval()
     modes = {"both": [False, True], "on": [True], "off": [False]}[interpolation]

@@ -114,8 +114,9 @@ def push_checkpoint(directory: str | Path, repo_id: str, private: bool = False, 
         commit_message: the commit's title (default: names the model).
 
     Example:
-        >>> url = pape_hub.push_checkpoint("my_model", "my-org/vit-t4-pape")  # doctest: +SKIP
-        >>> timm.create_model("hf-hub:my-org/vit-t4-pape", pretrained=True)  # doctest: +SKIP
+        >>> import pape_hub, timm
+        >>> url = pape_hub.push_checkpoint("my_model", "my-org/vit-t4-pape")  # the folder save_checkpoint wrote
+        >>> model = timm.create_model("hf-hub:my-org/vit-t4-pape", pretrained=True)
     """
     from huggingface_hub import HfApi
 

@@ -130,3 +130,22 @@ def test_stopping_a_comparison_says_what_is_kept_and_resume_keeps_it(tmp_path):
     again = subprocess.run(command + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "reusing the complete run" in (tmp_path / "runs" / "none_seed0.log").read_text()
+
+
+def test_the_wheel_holds_the_library_and_not_the_lab(tmp_path):
+    """`pip wheel .` shows the line between library and lab: the package, its command, the card templates and the
+    licence; no README writer, speed targets, comparison runner, behaviour probes or Hub endpoint."""
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path)], check=True, capture_output=True, timeout=300)
+    (wheel,) = tmp_path.glob("pape_hub-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"pape_hub", "pape_hub_cli.py", wheel.name.split("-py3")[0] + ".dist-info"}, tops
+    assert {"pape_hub/templates/model_card.md", "pape_hub/templates/conversion_card.md",
+            "pape_hub/training/loop.py", "pape_hub/models/pretrained.py"} <= set(names)
+    assert any(name.endswith("licenses/LICENSE") for name in names)
+    lab_like = [n for n in names if any(word in n for word in ("report", "bench", "profile", "experiment",
+                                                               "provenance", "server", "local_hub", "zoo_cmd"))]
+    assert not lab_like, lab_like

@@ -123,14 +123,13 @@ def test_negative_controls_fail():
 
 def test_dinov3_negative_controls_fail():
     """DINOv3: its channel layout, its axis order and its image-relative coordinates each matter."""
-    from pape_hub.models.pretrained import _split, dinov3_qk_order, permute_qk_channels
+    from pape_hub.models.pretrained import Conversion, _eva_backbone, dinov3_qk_order, permute_qk_channels
 
     entry = "vit_s16_rope_dinov3.lvd1689m"
     source = source_model(entry)
     model = converted(entry, source.state_dict())
-    renamed = dict(_split(source.state_dict(), "timm_eva")[0], **{
+    renamed = dict(_eva_backbone(source.state_dict(), Conversion("dinov3")), **{
         k: v for k, v in model.state_dict().items() if k.startswith("pos_encoding.")})
-    renamed = {k.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma"): v for k, v in renamed.items()}
     model.load_state_dict(renamed)
     assert max_diff(source, model) > 1e-2  # q/k channels left in DINOv3's layout
     quarter = 16 // 4  # head dim 16: x and y frequencies swapped

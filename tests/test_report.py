@@ -1,7 +1,7 @@
-"""Every number the README and the model cards show comes from a results file: hand-edited tables and card claims
-without a measurement fail here. Whether the results are current (measured by code that behaves as today's) is the
-release gate ``python -m lab report --check``, not a unit test: a refactor must not need hours of re-runs. The behaviour
-probes themselves are tested here: deterministic, and they flag a numerical change."""
+"""Every number the README, the docs pages and the model cards show comes from a results file: hand-edited tables
+and card claims without a measurement fail here. Whether the results are current (measured by code that behaves as
+today's) is the release gate ``python -m lab report --check``, not a unit test: a refactor must not need hours of
+re-runs. The behaviour probes themselves are tested here: deterministic, and they flag a numerical change."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from lab.commands.report import BLOCKS, check, render
+from lab.commands.report import BLOCKS, WIDTH, check, pages, render
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_readme_shows_the_results():
-    problems = check(ROOT / "README.md", ROOT / "results", behaviour=False)
+def test_the_pages_show_the_results():
+    problems = check(pages(ROOT), ROOT / "results", behaviour=False)
     assert not problems, "\n".join(problems)
 
 
@@ -77,11 +77,18 @@ def timm_pape():
     return torch.cat([p.flatten() for p in model.parameters()])
 
 
-def test_every_readme_block_is_generated():
-    readme = (ROOT / "README.md").read_text()
-    names = re.findall(r"<!-- generated: (\w+) -->", readme)
-    assert set(names) <= set(BLOCKS) and {"arrows_main_job", "digits", "video", "bench_b16_224"} <= set(names)
-    assert render(readme, ROOT / "results") == readme
+def test_every_block_is_generated_and_every_generator_has_a_page():
+    """Each generated block of the README and docs/ names a generator, every generator is shown somewhere, the
+    README stays an index (at most 200 lines) and generated prose is wrapped at 120 columns."""
+    names = []
+    for path in pages(ROOT):
+        page = path.read_text()
+        names += re.findall(r"<!-- generated: (\w+) -->", page)
+        assert render(page, ROOT / "results", path.name) == page
+        for block in re.findall(r"<!-- generated: \w+ -->\n(.*?)<!-- end generated", page, flags=re.DOTALL):
+            assert all(len(line) <= WIDTH for line in block.splitlines() if not line.startswith("|")), path
+    assert set(names) <= set(BLOCKS) and set(BLOCKS) <= set(names)
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
 
 
 def measured_numbers(summary: dict) -> set[str]:

@@ -35,7 +35,7 @@ def test_unbalanced_markers_are_refused_by_line_and_nothing_is_rewritten(tmp_pat
 
     readme = tmp_path / "README.md"
     readme.write_text(text)
-    assert LAB.main(["report", "--readme", str(readme), "--results", str(ROOT / "results")]) == 1
+    assert LAB.main(["report", "--page", str(readme), "--results", str(ROOT / "results")]) == 1
     assert "README.md " in capsys.readouterr().err
     with pytest.raises(ValueError, match=message):
         render(text, ROOT / "results")

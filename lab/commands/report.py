@@ -1,13 +1,14 @@
-r"""Every table of measured numbers in the README sits between ``<!-- generated: NAME -->`` and
+r"""Every table of measured numbers in the README and in ``docs/`` sits between ``<!-- generated: NAME -->`` and
 ``<!-- end generated: NAME -->`` and is written here from a results file, with the command, commit and wall time
-that produced it. ``--check`` changes nothing and fails (exit 1) when a block differs from what the files give, or
-when the current code behaves differently from the code that measured a results file (its recorded behaviour
-probes, :mod:`lab.provenance`, no longer match: re-run the command the file names). A pure refactor keeps
-every result current.
+that produced it (prose wrapped at 120 columns). ``--check`` changes nothing and fails (exit 1) when a block differs
+from what the files give, or when the current code behaves differently from the code that measured a results file
+(its recorded behaviour probes, :mod:`lab.provenance`, no longer match: re-run the command the file names). A pure
+refactor keeps every result current. Results under ``results/archive/`` were measured by an earlier version and
+not re-run: their blocks say so, and the check does not vouch for them.
 
 Examples:
-    python -m lab report            # rewrite README.md's generated blocks
-    python -m lab report --check    # the release gate: README current and every result measured by today's behaviour
+    python -m lab report            # rewrite the generated blocks of README.md and docs/**/*.md
+    python -m lab report --check    # the release gate: pages current and every result measured by today's behaviour
 """
 
 from __future__ import annotations
@@ -15,22 +16,26 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import textwrap
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pape_hub.records import Comparison, Evaluation, read_record
+from pape_hub.records import Comparison, read_record
 
 from .. import REPOSITORY
 
 ROOT = REPOSITORY
+ARCHIVE = "archive"  # results/archive/: measured by an earlier version, kept with its provenance, not re-run
+WIDTH = 120
 _BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", flags=re.DOTALL)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true", help="only check; exit 1 if anything is stale")
-    parser.add_argument("--readme", default=None, help="the README to update (default: the checkout's README.md)")
+    parser.add_argument("--page", action="append", default=None,
+                        help="a page to update (repeatable; default: the checkout's README.md and docs/**/*.md)")
     parser.add_argument("--results", default=None, help="the results folder (default: the checkout's results/)")
 
 
@@ -40,18 +45,29 @@ def load(results: Path, name: str) -> dict[str, Any] | None:
 
 
 def load_comparison(results: Path, name: str) -> Comparison | None:
-    """``results/NAME/summary.json`` as a record, None if not measured yet (a malformed one is named)."""
+    """``results/NAME/summary.json`` (or, not re-run, ``results/archive/NAME/summary.json``) as a record, None if
+    not measured yet (a malformed one is named)."""
     path = results / name / "summary.json"
+    if not path.exists():
+        path = results / ARCHIVE / name / "summary.json"
     return read_record(path, Comparison.from_dict) if path.exists() else None
 
 
+def pages(root: Path) -> list[Path]:
+    """The pages whose generated blocks the report writes: the README and every page under ``docs/``."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
 def provenance_line(data: dict[str, Any] | Comparison) -> str:
-    """Which command, commit, behaviour and machine wrote a results file (a JSON's dict or a comparison)."""
+    """Which command, commit, behaviour and machine wrote a results file (a JSON's dict or a comparison); an
+    archived one says that it was not re-run."""
     if isinstance(data, Comparison):
         prov, wall = data.provenance, data.wall_s
     else:
         prov, wall = data.get("provenance", {}), data.get("wall_s")
-    return (f"Written by `{prov.get('command', '?')}` at commit `{prov.get('commit', '?')}` "
+    archived = (f"**Archived**: measured by pape_hub {prov['archived']}, whose models drew their initial weights in "
+                "another order, and not re-run since; its command re-measures it. " if prov.get("archived") else "")
+    return (f"{archived}Written by `{prov.get('command', '?')}` at commit `{prov.get('commit', '?')}` "
             f"(behaviour fingerprint `{prov.get('behaviour_fingerprint', '?')}`, {prov.get('machine', '?')}"
             f"{', ' + prov['cpu'] if prov.get('cpu') else ''}, "
             f"torch {prov.get('torch', '?')}){f', wall time {wall // 60} min {wall % 60} s' if wall else ''}.")
@@ -230,45 +246,6 @@ def on_seeds(data: Comparison, seeds: list[int]) -> Comparison:
     return replace(data, runs=runs, seeds=list(seeds), aggregate=aggregate(runs, data.sizes, data.unit))
 
 
-def rerun_block(results: Path, earlier: str, later: str) -> str:
-    """A re-run of a comparison against the table it replaced: the runs of the seeds both hold, equal bit for bit
-    or by how much, and whether each earlier mean lies inside the later run's 95% bootstrap interval."""
-    from ..experiment import aggregate, columns
-
-    old, new = load_comparison(results, earlier), load_comparison(results, later)
-    if old is None or new is None:
-        return f"_Not measured yet: `results/{earlier}` or `results/{later}` is missing._\n"
-    shared = [seed for seed in old.seeds if seed in new.seeds]
-    cols = columns(old.sizes, old.unit)
-    labels = [c[0] for c in cols]
-
-    def top1s(run: Evaluation) -> list[float | None]:  # every reported column of one run
-        return [run.accuracy(size, interp, shuffle) for _, size, interp, shuffle in cols]
-
-    earlier_runs = {(r.label, r.seed): top1s(r) for r in old.runs}
-    later_stats = aggregate(new.runs, new.sizes, new.unit)
-    lines = ["| encoding | runs equal bit for bit | largest top-1 difference | earlier means inside the later "
-             "intervals |", "|---|---|---|---|"]
-    for enc in old.encodings:
-        pairs = [(earlier_runs[(enc, r.seed)], top1s(r)) for r in new.runs_of(enc)
-                 if r.seed in shared and (enc, r.seed) in earlier_runs]
-        equal = sum(a == b for a, b in pairs)
-        largest = max((abs(x - y) for a, b in pairs for x, y in zip(a, b) if x is not None and y is not None),
-                      default=0.0)
-        inside = [label for label in labels if label in old.aggregate.get(enc, {}) and label in later_stats[enc]
-                  and later_stats[enc][label]["ci95"][0] - 1e-9 <= old.aggregate[enc][label]["mean"]
-                  <= later_stats[enc][label]["ci95"][1] + 1e-9]
-        outside = [f"{label}: {old.aggregate[enc][label]['mean']:.3f} not in "
-                   f"[{later_stats[enc][label]['ci95'][0]:.3f}, {later_stats[enc][label]['ci95'][1]:.3f}]"
-                   for label in labels if label not in inside and label in later_stats[enc]]
-        lines.append(f"| `{enc}` | {equal} of {len(pairs)} | {largest:.3f} | {len(inside)} of {len(labels)}"
-                     + (f" ({'; '.join(outside)})" if outside else "") + " |")
-    lines += ["", f"Seeds {', '.join(map(str, shared))} of `results/{earlier}` (the earlier table) against the same "
-              f"seeds of `results/{later}`, every column; the intervals are the later run's over seeds "
-              f"{', '.join(map(str, new.seeds))}. Earlier: {provenance_line(old)} Later: {provenance_line(new)}"]
-    return "\n".join(lines) + "\n"
-
-
 def _solved(data: Comparison, encoding: str, size: int) -> int:
     """How many of an encoding's runs reach 0.99 test top-1 at ``size``."""
     return sum((r.accuracy(size) or 0.0) >= 0.99 for r in data.runs_of(encoding))
@@ -321,7 +298,6 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "recipe_bisection": ("arrows", lambda r: comparison_block(r, "recipe_bisection",
                                                               "`python -m lab.recipe_bisection`")),
     "recipes_ranking": ("arrows", lambda r: recipe_block(r, "arrows_main_job", "arrows_main_job_paper_pape")),
-    "main_job_rerun": ("arrows", lambda r: rerun_block(r, "arrows_main_job_3_seeds", "arrows_main_job")),
     "digits": ("compare", lambda r: comparison_block(r, "digits", "`python -m lab compare --dataset digits`")),
     "video": ("compare", lambda r: comparison_block(r, "video_motion", "`python -m lab compare --dataset motion`")),
     "video_absolute_long": ("compare", lambda r: comparison_block(r, "video_motion_absolute_long",
@@ -339,6 +315,8 @@ def stale_results(results: Path) -> list[str]:
 
     problems = []
     for path in sorted(results.rglob("*.json")):
+        if ARCHIVE in path.relative_to(results).parts:
+            continue
         data = json.loads(path.read_text())
         prov = data.get("provenance") if isinstance(data, dict) else None
         name = path.relative_to(results.parent)
@@ -383,28 +361,40 @@ def escape_markup(text: str) -> str:
     return re.sub(r"<(?=[!/?A-Za-z])", "&lt;", text)
 
 
+def wrap(text: str) -> str:
+    """Prose lines of a block wrapped at :data:`WIDTH` columns; table rows, list items and images stay whole."""
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= WIDTH or line.startswith(("|", "!", "<")):
+            out.append(line)
+        else:
+            out += textwrap.wrap(line, WIDTH, break_long_words=False, break_on_hyphens=False)
+    return "\n".join(out)
+
+
 def render(readme: str, results: Path, where: str = "README.md") -> str:
     check_markers(readme, where)
 
     def replace(match: re.Match) -> str:
         name = match.group(2)
         if name not in BLOCKS:
-            raise ValueError(f"README names an unknown generated block {name!r}; known: {sorted(BLOCKS)}")
-        return match.group(1) + escape_markup(BLOCKS[name][1](results)) + match.group(4)
+            raise ValueError(f"{where} names an unknown generated block {name!r}; known: {sorted(BLOCKS)}")
+        return match.group(1) + wrap(escape_markup(BLOCKS[name][1](results))) + match.group(4)
 
     return _BLOCK.sub(replace, readme)
 
 
-def check(readme_path: Path, results: Path, behaviour: bool = True) -> list[str]:
-    """Everything stale: README blocks that differ from the results and (``behaviour``) results measured by code
-    that behaved differently."""
+def check(page_paths: Path | list[Path], results: Path, behaviour: bool = True) -> list[str]:
+    """Everything stale: generated blocks of the pages that differ from the results and (``behaviour``) results
+    measured by code that behaved differently."""
     problems = stale_results(results) if behaviour else []
-    readme = readme_path.read_text()
-    fresh = render(readme, results)
-    for (old, new) in zip(_BLOCK.finditer(readme), _BLOCK.finditer(fresh)):
-        if old.group(3) != new.group(3):
-            problems.append(f"README block {old.group(2)!r} differs from what the results give: run `python -m lab "
-                            "report`")
+    for path in [page_paths] if isinstance(page_paths, Path) else page_paths:
+        page = path.read_text()
+        fresh = render(page, results, path.name)
+        for (old, new) in zip(_BLOCK.finditer(page), _BLOCK.finditer(fresh)):
+            if old.group(3) != new.group(3):
+                problems.append(f"{path.name}: block {old.group(2)!r} differs from what the results give: run "
+                                "`python -m lab report`")
     return problems
 
 
@@ -419,17 +409,21 @@ def redraw_plots(results: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    readme, results = Path(args.readme or ROOT / "README.md"), Path(args.results or ROOT / "results")
+    targets = [Path(p) for p in args.page] if args.page else pages(ROOT)
+    results = Path(args.results or ROOT / "results")
     if args.check:
-        problems = check(readme, results)
+        problems = check(targets, results)
         for problem in problems:
             print("STALE:", problem)
-        print("results and README are current" if not problems else f"{len(problems)} problem(s)")
+        print("results and pages are current" if not problems else f"{len(problems)} problem(s)")
         return 1 if problems else 0
-    readme.write_text(render(readme.read_text(), results))
+    rendered = {path: render(path.read_text(), results, path.name) for path in targets}  # all or none written
+    for path, text in rendered.items():
+        path.write_text(text)
     redraw_plots(results)
     stale = stale_results(results)
     for problem in stale:
         print("warning:", problem)
-    print(f"updated the generated blocks of {readme}" + (f"; {len(stale)} results file(s) are stale" if stale else ""))
+    print(f"updated the generated blocks of {len(targets)} page(s)"
+          + (f"; {len(stale)} results file(s) are stale" if stale else ""))
     return 0

@@ -39,6 +39,15 @@ class PapeViTConfig(BackboneConfigMixin, PreTrainedConfig):
     apply_layernorm (`bool`): the backbone's feature maps pass the final LayerNorm (DINOv2's convention).
     reshape_hidden_states (`bool`): the backbone's feature maps are (B, C, H, W) grids without the prefix tokens;
         False: (B, tokens, C) as the blocks give them.
+
+    Example:
+        >>> import torch
+        >>> from pape_hub.hf import PapeViTConfig, PapeViTForImageClassification
+        >>> config = PapeViTConfig(position_encoding="rope_mixed", hidden_size=64, num_hidden_layers=2,
+        ...                        num_attention_heads=2, intermediate_size=128, image_size=32, patch_size=4,
+        ...                        num_labels=10)
+        >>> PapeViTForImageClassification(config)(torch.randn(1, 3, 32, 32)).logits.shape
+        torch.Size([1, 10])
     """
 
     model_type = "pape_vit"

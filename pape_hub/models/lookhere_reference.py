@@ -2,7 +2,7 @@
 
 LookHere's code (GreenCUBIC/lookhere, commit 641deab) is no package, so neither ``pape-hub convert`` nor the tests can
 build the source with its own code. This module is the stand-in: a small forward written from that code's documented
-behaviour (``../shared/pretrained_sources.md``, ``reference_implementations.md``), not from this package's
+behaviour (``docs/pretrained.md``, "Source conventions"), not from this package's
 :class:`~pape_hub.encodings.LookHere`. It keeps the official conventions where the package differs, so a conversion
 must bridge them: heads in the official order (corners top-left, top-right, bottom-left, bottom-right), views tested
 as the official code tests them (rows and columns for halves and corners, the two diagonals through the query for

@@ -4,25 +4,33 @@ A row of :data:`SOURCES` says: the pape_hub model ``name.tag`` *is* that public 
 timm's key layout) given these extra constructor arguments. Its pretrained cfg (repo id, mean, std, crop,
 interpolation, licence, classes) is the source's own, read from timm's registry, so nothing is retyped.
 
-:func:`convert_state_dict` is timm's ``pretrained_filter_fn``: it finds a state dict's layout by its keys (as timm's
-``vision_transformer.checkpoint_filter_fn`` and ``eva.checkpoint_filter_fn`` do), renames the backbone's keys and
-places the source's position weights where the model's encoding keeps the same thing. Position weights the model's
-encoding has no slot for are left out and the model keeps its own freshly initialised ones ("transplant"): any ViT
-checkpoint can seed any encoding, and :class:`Conversion` says what was copied, converted and new.
+:func:`checkpoint_filter_fn` is timm's ``pretrained_filter_fn``. :func:`detect_family` names a state dict's source
+family by sentinel keys (as timm's ``vision_transformer.checkpoint_filter_fn`` and ``eva.checkpoint_filter_fn`` do),
+and the family's own converter (:data:`CONVERTERS`) renames its backbone keys and places its position weights where
+the model's encoding keeps the same thing. What every family shares (LayerScale folding, register tokens, qkv
+biases, the model's own position weights where the source has none) runs once after it in
+:func:`convert_state_dict`. Position weights the model's encoding has no slot for are left out and the model keeps
+its own freshly initialised ones ("transplant"): any ViT checkpoint can seed any encoding, and :class:`Conversion`
+says what was copied, converted and new. A converter asks the model's encoding what it is by its class, never by
+its name, so a new encoding of an existing kind (another RoPE-Mixed variant) needs no converter change.
 
-Layouts (facts measured against each source built by its own code: ``../shared/pretrained_sources.md``):
+Families (the conventions, measured against each source built by its own code, are in ``docs/pretrained.md``,
+"Source conventions"):
 
 - ``timm_vit`` (timm's ``VisionTransformer``: ViT augreg, DeiT, DeiT-III, MAE): our keys, except the learned table
   ``pos_embed`` (DeiT-III's has no CLS row: CLS gets a zero row, which adds nothing) and LayerScale
   ``blocks.i.ls{1,2}.gamma`` (same keys as ours).
-- ``timm_eva`` (timm's ``Eva``: NaverLabs rope-vit, DINOv3): ``blocks.i.gamma_{1,2}`` are our ``ls{1,2}.gamma``;
-  RoPE-Mixed's ``rope.freqs`` is (2 [x, y], depth, heads, head_dim/2), ours (depth, heads, 2, head_dim/2); axial
-  RoPE's fixed buffers are recomputed, not loaded; the ``*_ape`` models' ``pos_embed`` (patch cells only) is our
-  ``absolute.pos_embed``. DINOv3 (the Eva with ``reg_token``): into ``rope_dinov3`` its q/k channels are permuted
-  from rotate-half, y first, to interleaved, x first (:func:`dinov3_qk_order`); it has no qkv bias.
+- ``naver_rope`` (timm's ``Eva`` with NaverLabs' rope-vit weights): ``blocks.i.gamma_{1,2}`` are our
+  ``ls{1,2}.gamma``; RoPE-Mixed's ``rope.freqs`` is (2 [x, y], depth, heads, head_dim/2), ours (depth, heads, 2,
+  head_dim/2); axial RoPE's fixed buffers are recomputed, not loaded; the ``*_ape`` models' ``pos_embed`` (patch
+  cells only) is our ``absolute.pos_embed``.
+- ``dinov3`` (timm's ``Eva`` with ``reg_token``): Eva's keys; into :class:`~pape_hub.encodings.DINOv3RoPE` its q/k
+  channels are permuted from rotate-half, y first, to interleaved, x first (:func:`dinov3_qk_order`); it has no
+  qkv bias.
 - ``lookhere`` (LookHere's official release, ``{"config", "weights"}``): DeiT-III's keys plus ``head.fc1`` /
-  ``head.fc2``, our ``pre_logits.fc`` / ``head``; the file's config must be the model's encoding, and the heads move
-  from the release's corner order to ours (:func:`lookhere_head_order`, :func:`permute_heads`).
+  ``head.fc2``, our ``pre_logits.fc`` / ``head``; into :class:`~pape_hub.encodings.LookHere` the file's config must
+  be the model's encoding, and the heads move from the release's corner order to ours (:func:`lookhere_head_order`,
+  :func:`permute_heads`).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,11 +46,13 @@ import torch
 from timm.models import get_pretrained_cfg
 from torch import nn
 
+from ..encodings import DINOv3RoPE, LookHere, RoPEMixed
 from ..encodings.absolute import resample_table
 from .vit import init_prefix_token
 from .weights import check_finite_weights
 
-__all__ = ["SOURCES", "Conversion", "Source", "build_source", "convert_state_dict", "source_cfg", "transplant"]
+__all__ = ["CONVERTERS", "SOURCES", "Conversion", "Source", "build_source", "checkpoint_filter_fn",
+           "convert_state_dict", "detect_family", "source_cfg", "transplant"]
 
 _logger = logging.getLogger(__name__)
 
@@ -87,7 +98,7 @@ def _timm_cfg(name_with_tag: str) -> Any:
 
 #: ImageNet-1k top-1 (%) the sources report for their released models, by input size: cited, never measured here.
 #: naver-ai/rope-vit's README and Heo et al. 2024 (DeiT-III recipe, 400 epochs; as summarised in
-#: ``../shared/reference_implementations.md``). The other sources' figures are on their own cards, which are not
+#: ``docs/pretrained.md``, "Reported figures"). The other sources' figures are on their own cards, which are not
 #: reachable from here, so they are not restated.
 REPORTED = {
     "vit_s16_rope.naver_in1k": {224: 80.9, 384: 80.0}, "vit_s16_rope_mixed.naver_in1k": {224: 80.9, 384: 81.8},
@@ -167,14 +178,14 @@ class Conversion:
     """What a conversion did: tensors copied as they are, converted (renamed, permuted, padded, resampled),
     taken from the model's own initialisation (position weights the source lacks), and left out."""
 
-    layout: str
+    family: str  # the source family (a key of CONVERTERS) or "pape_hub"
     copied: list[str] = field(default_factory=list)
     converted: list[str] = field(default_factory=list)
     own_init: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        parts = [f"{self.layout} checkpoint: {len(self.copied)} tensors copied"]
+        parts = [f"{self.family} checkpoint: {len(self.copied)} tensors copied"]
         if self.converted:
             parts.append(f"converted {', '.join(self.converted)}")
         if self.own_init:
@@ -184,41 +195,20 @@ class Conversion:
         return "; ".join(parts)
 
 
-def detect_layout(state: dict[str, torch.Tensor], model: nn.Module) -> str:
-    """``"pape_hub"`` (this package's keys, also the transformers face's ``vit.``-prefixed ones), ``"timm_eva"``,
-    ``"lookhere"`` (the official release: a pre-logits MLP head) or ``"timm_vit"``, by sentinel keys."""
+def detect_family(state: dict[str, torch.Tensor], model: nn.Module) -> str:
+    """``"pape_hub"`` (this package's keys, also the transformers face's ``vit.``-prefixed ones) or a source family
+    of :data:`CONVERTERS`, by sentinel keys."""
     own = set(model.state_dict())
     if {k.removeprefix("vit.") for k in state} <= own | {"head.weight", "head.bias"}:
         return "pape_hub"
-    if "blocks.0.gamma_1" in state or "rope.freqs" in state:
-        return "timm_eva"
+    if "blocks.0.gamma_1" in state or "rope.freqs" in state:  # timm's Eva
+        return "dinov3" if "reg_token" in state else "naver_rope"
     if "head.fc1.weight" in state and "blocks.0.ls1.gamma" in state:
         return "lookhere"
     if "blocks.0.attn.qkv.weight" in state and "patch_embed.proj.weight" in state:
         return "timm_vit"
     raise ValueError("unrecognised checkpoint layout: neither pape_hub's keys nor a timm ViT / Eva state dict "
                      f"(first keys: {list(state)[:6]})")
-
-
-#: where each layout keeps its position weights: source key -> what it holds
-_POSITIONAL = {"pos_embed": "learned table", "rope.freqs": "RoPE-Mixed frequencies"}
-
-
-def _split(state: dict[str, torch.Tensor], layout: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(backbone tensors under our keys, the source's position tensors under its keys)."""
-    backbone, positional = {}, {}
-    for key, value in state.items():
-        if key in _POSITIONAL:
-            positional[key] = value
-        elif layout == "timm_eva" and key.startswith("rope."):
-            continue  # fixed sin/cos buffers: the encoding recomputes them
-        elif layout == "timm_eva":
-            backbone[key.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma")] = value
-        elif layout == "lookhere" and key.startswith("head."):  # fc1 -> tanh -> fc2: pre-logits, then classifier
-            backbone[key.replace("head.fc1.", "pre_logits.fc.").replace("head.fc2.", "head.")] = value
-        else:
-            backbone[key] = value
-    return backbone, positional
 
 
 def fit_table(table: torch.Tensor, own: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
@@ -243,17 +233,19 @@ def fit_table(table: torch.Tensor, own: torch.Tensor, grid: tuple[int, ...]) -> 
     return resample_table(torch.cat([prefix, cells], dim=1), grid, (side, side), num_prefix)
 
 
-def _place(source_key: str, value: torch.Tensor, model: nn.Module) -> tuple[str, torch.Tensor] | None:
-    """The source's position tensor as the model's encoding keeps the same thing, or None if it keeps no such
-    thing (another encoding: the tensor is left out)."""
+def _learned_table(state: dict[str, torch.Tensor], model: nn.Module, report: Conversion) -> dict[str, torch.Tensor]:
+    """The source's learned table ``pos_embed`` as the model's own table (the ``ape`` encoding's, or the one an
+    ``*_ape`` encoding adds), fitted to the model's grid; left out for an encoding without a table."""
+    if "pos_embed" not in state:
+        return {}
     encoding = model.pos_encoding
     own = dict(encoding.named_parameters())
     table = next((name for name in ("pos_embed", "absolute.pos_embed") if name in own), None)
-    if source_key == "pos_embed" and table is not None:
-        return f"pos_encoding.{table}", fit_table(value, own[table], tuple(encoding.ctx.grid_size))
-    if source_key == "rope.freqs" and encoding.name.startswith("rope_mixed") and value.ndim == 4:
-        return "pos_encoding.freqs", value.permute(1, 2, 0, 3)  # (2, L, H, K) -> (L, H, 2, K)
-    return None
+    if table is None:
+        report.dropped.append("pos_embed (learned table)")
+        return {}
+    report.converted.append(f"pos_embed -> pos_encoding.{table}")
+    return {f"pos_encoding.{table}": fit_table(state["pos_embed"], own[table], tuple(encoding.ctx.grid_size))}
 
 
 def fold_layer_scale(state: dict[str, torch.Tensor], model: nn.Module, report: Conversion) -> dict[str, torch.Tensor]:
@@ -419,7 +411,7 @@ def _lookhere_release(out: dict[str, torch.Tensor], config: dict[str, Any] | Non
                       report: Conversion) -> dict[str, torch.Tensor]:
     """The release into a LookHere model: heads into this package's order, after checking that the file's
     configuration is the model's. Into a model without a pre-logits layer: the head is left out."""
-    if getattr(model.pos_encoding, "name", "").startswith("lookhere"):
+    if isinstance(model.pos_encoding, LookHere):
         if config is None:
             raise ValueError("a LookHere state dict without its configuration: load the release file itself "
                              "({'config': ..., 'weights': ...}), whose config fixes the heads' order")
@@ -437,45 +429,98 @@ def _lookhere_release(out: dict[str, torch.Tensor], config: dict[str, Any] | Non
     return out
 
 
-def convert_state_dict(state: dict[str, Any], model: nn.Module) -> tuple[dict[str, Any], Conversion]:
-    """A checkpoint of any known layout -> the model's keys, and what was done."""
-    state, file_config = unwrap(state)
-    layout = detect_layout(state, model)
-    if layout == "pape_hub":
-        out = {k.removeprefix("vit."): v for k, v in state.items()}
-        check_finite_weights(out, "the pape_hub checkpoint")
-        return out, Conversion(layout, copied=list(out))
-    backbone, positional = _split(state, layout)
-    report = Conversion(layout, copied=sorted(backbone))
-    out = fold_layer_scale(backbone, model, report)
-    for key, value in positional.items():
-        placed = _place(key, value, model)
-        if placed is None:
-            report.dropped.append(f"{key} ({_POSITIONAL[key]})")
-        else:
-            out[placed[0]] = placed[1]
-            report.converted.append(f"{key} -> {placed[0]}")
-    _add_own_positions(out, model, report)
-    if layout == "timm_eva":
-        report.converted.append("blocks.*.gamma_1/2 -> blocks.*.ls1/2.gamma")
-    # DINOv3 (the Eva with registers) into DINOv3's RoPE: q/k channels from its rotate-half, y-first layout to ours
-    if layout == "timm_eva" and "reg_token" in state and model.pos_encoding.name == "rope_dinov3":
+# --- one converter per source family ---------------------------------------------------------------------------
+# Each takes (the source's state dict, the configuration its file carries, the model, the report) and returns the
+# source's tensors under the model's keys; convert_state_dict does what all families share.
+
+def _convert_timm_vit(state: dict[str, torch.Tensor], config: dict[str, Any] | None, model: nn.Module,
+                      report: Conversion) -> dict[str, torch.Tensor]:
+    """timm's ``VisionTransformer`` (ViT augreg, DeiT, DeiT-III, MAE): our keys but the learned table."""
+    backbone = {k: v for k, v in state.items() if k != "pos_embed"}
+    report.copied = sorted(backbone)
+    return {**backbone, **_learned_table(state, model, report)}
+
+
+def _eva_backbone(state: dict[str, torch.Tensor], report: Conversion) -> dict[str, torch.Tensor]:
+    """timm's ``Eva`` keys as ours: ``gamma_1/2`` are ``ls1/2.gamma``; position tensors (``pos_embed``, ``rope.*``)
+    are the families' to place, and Eva's fixed sin/cos buffers are recomputed by the encoding, not loaded."""
+    backbone = {k.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma"): v for k, v in state.items()
+                if k != "pos_embed" and not k.startswith("rope.")}
+    report.copied = sorted(backbone)
+    report.converted.append("blocks.*.gamma_1/2 -> blocks.*.ls1/2.gamma")
+    return backbone
+
+
+def _convert_naver_rope(state: dict[str, torch.Tensor], config: dict[str, Any] | None, model: nn.Module,
+                        report: Conversion) -> dict[str, torch.Tensor]:
+    """NaverLabs' rope-vit (timm's ``Eva``): RoPE-Mixed's learned frequencies into a RoPE-Mixed encoding, the
+    ``*_ape`` models' table into the model's table."""
+    out = {**_eva_backbone(state, report), **_learned_table(state, model, report)}
+    freqs = state.get("rope.freqs")
+    if freqs is not None and isinstance(model.pos_encoding, RoPEMixed) and freqs.ndim == 4:
+        out["pos_encoding.freqs"] = freqs.permute(1, 2, 0, 3)  # (2, L, H, K) -> (L, H, 2, K)
+        report.converted.append("rope.freqs -> pos_encoding.freqs")
+    elif freqs is not None:
+        report.dropped.append("rope.freqs (RoPE-Mixed frequencies)")
+    return out
+
+
+def _convert_dinov3(state: dict[str, torch.Tensor], config: dict[str, Any] | None, model: nn.Module,
+                    report: Conversion) -> dict[str, torch.Tensor]:
+    """DINOv3 (timm's ``Eva`` with registers): into DINOv3's RoPE, q/k channels from its rotate-half, y-first
+    layout to this package's interleaved, x-first one (any other encoding takes the backbone as it is)."""
+    out = {**_eva_backbone(state, report), **_learned_table(state, model, report)}
+    if isinstance(model.pos_encoding, DINOv3RoPE):
         ctx = model.pos_encoding.ctx
         out = permute_qk_channels(out, dinov3_qk_order(ctx.head_dim), ctx.num_heads, ctx.depth)
         report.converted.append("q/k channels from DINOv3's rotate-half, y-first layout to interleaved, x-first")
+    return out
+
+
+def _convert_lookhere(state: dict[str, torch.Tensor], config: dict[str, Any] | None, model: nn.Module,
+                      report: Conversion) -> dict[str, torch.Tensor]:
+    """LookHere's official release: DeiT-III's keys and a pre-logits MLP head (fc1 -> tanh -> fc2)."""
+    backbone = {k.replace("head.fc1.", "pre_logits.fc.").replace("head.fc2.", "head."): v
+                for k, v in state.items() if k != "pos_embed"}
+    report.copied = sorted(backbone)
+    report.converted.append("head.fc1 -> pre_logits.fc, head.fc2 -> head")
+    return _lookhere_release({**backbone, **_learned_table(state, model, report)}, config, model, report)
+
+
+Converter = Callable[[dict[str, torch.Tensor], "dict[str, Any] | None", nn.Module, Conversion], dict[str, torch.Tensor]]
+
+#: source family -> its converter (:func:`detect_family` names the family of a state dict)
+CONVERTERS: dict[str, Converter] = {
+    "timm_vit": _convert_timm_vit,
+    "naver_rope": _convert_naver_rope,
+    "dinov3": _convert_dinov3,
+    "lookhere": _convert_lookhere,
+}
+
+
+def convert_state_dict(state: dict[str, Any], model: nn.Module) -> tuple[dict[str, Any], Conversion]:
+    """A checkpoint of this package or of any source family -> the model's keys, and what was done: the family's
+    converter, then what all share (LayerScale folded where the model has none, registers, qkv biases, the
+    model's own position weights where the source has none of its kind)."""
+    state, file_config = unwrap(state)
+    family = detect_family(state, model)
+    if family == "pape_hub":
+        out = {k.removeprefix("vit."): v for k, v in state.items()}
+        check_finite_weights(out, "the pape_hub checkpoint")
+        return out, Conversion(family, copied=list(out))
+    report = Conversion(family)
+    out = fold_layer_scale(CONVERTERS[family](state, file_config, model, report), model, report)
+    _add_own_positions(out, model, report)
     _registers(out, model, report)
     _zero_qkv_biases(out, model, report)
-    if layout == "lookhere":
-        report.converted.append("head.fc1 -> pre_logits.fc, head.fc2 -> head")
-        out = _lookhere_release(out, file_config, model, report)
-    check_finite_weights(out, f"the {layout} checkpoint")
+    check_finite_weights(out, f"the {family} checkpoint")
     return out, report
 
 
 def checkpoint_filter_fn(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, Any]:
     """timm's ``pretrained_filter_fn``: :func:`convert_state_dict`, logging what a foreign checkpoint gave."""
     out, report = convert_state_dict(state, model)
-    if report.layout != "pape_hub":
+    if report.family != "pape_hub":
         _logger.info(report.summary())
     return out
 
@@ -484,6 +529,12 @@ def _num_heads(model: nn.Module) -> int | None:
     """Attention heads of a ViT (pape_hub's, timm's VisionTransformer or Eva), None where it says nothing."""
     blocks = getattr(model, "blocks", None)
     return getattr(getattr(blocks[0], "attn", None), "num_heads", None) if blocks is not None and len(blocks) else None
+
+
+def _same_encoding(a: nn.Module, b: nn.Module) -> bool:
+    """One kind of encoding with position tensors of the same names and shapes: each tensor means the same in both."""
+    shapes = [{k: tuple(v.shape) for k, v in e.state_dict().items()} for e in (a, b)]
+    return type(a) is type(b) and shapes[0] == shapes[1]
 
 
 def transplant(source: dict[str, torch.Tensor] | nn.Module, target: nn.Module) -> Conversion:
@@ -516,7 +567,7 @@ def transplant(source: dict[str, torch.Tensor] | nn.Module, target: nn.Module) -
     state = source.state_dict() if isinstance(source, nn.Module) else dict(source)
     if not isinstance(source, nn.Module) or not hasattr(source, "pos_encoding"):
         out, report = convert_state_dict(state, target)
-    elif source.pos_encoding.name == target.pos_encoding.name:  # the same encoding: fine-tuning, all is copied
+    elif _same_encoding(source.pos_encoding, target.pos_encoding):  # fine-tuning: all is copied
         out, report = dict(state), Conversion("pape_hub", copied=sorted(state))
     else:  # a pape_hub model of another encoding: its position weights are not the target's
         backbone = {k: v for k, v in state.items() if not k.startswith("pos_encoding.")}

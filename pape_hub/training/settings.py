@@ -36,7 +36,16 @@ _PRESET = "(default: the preset's)"
 @dataclass
 class TrainConfig:
     """Every setting of a training run; each field is also a ``pape-hub train`` flag (``--field-name``), described
-    here once. The settings a recipe states default to None and are filled from it (``__post_init__``)."""
+    here once (``help=`` of each field below, shown by ``pape-hub train --help``). The settings a recipe states
+    default to None and are filled from it (``__post_init__``); a value given explicitly wins. Every number is
+    checked to be finite and in its range before any work, and refused by name otherwise.
+
+    Example:
+        >>> from pape_hub.training import TrainConfig
+        >>> cfg = TrainConfig(model="vit_m12_pape", dataset="arrows", epochs=1)
+        >>> cfg.recipe, cfg.weight_decay, cfg.warmup_epochs, cfg.label_smoothing   # filled from the recipe
+        ('default', 0.05, 1.0, 0.1)
+    """
 
     model: str = setting("vit_m12_rope_mixed", "a registered model name (pape_hub.list_pape_models(); vit_m12_* is "
                          "the arrow task's micro ViT, a minute an epoch on a laptop CPU)")
