@@ -37,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page", action="append", default=None,
                         help="a page to update (repeatable; default: the checkout's README.md and docs/**/*.md)")
     parser.add_argument("--results", default=None, help="the results folder (default: the checkout's results/)")
+    parser.add_argument("--archive", nargs="+", metavar="NAME", default=None,
+                        help="move results/NAME to results/archive/NAME, marked as measured by --archived-version "
+                             "and not re-run (its blocks say so; --check no longer vouches for it)")
+    parser.add_argument("--archived-version", default=None, help="the version and commit that measured them")
 
 
 def load(results: Path, name: str) -> dict[str, Any] | None:
@@ -56,6 +60,25 @@ def load_comparison(results: Path, name: str) -> Comparison | None:
 def pages(root: Path) -> list[Path]:
     """The pages whose generated blocks the report writes: the README and every page under ``docs/``."""
     return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def archive(results: Path, name: str, version: str) -> Path:
+    """Move ``results/NAME`` under ``results/archive/``, its summary marked as measured by ``version`` and written
+    in today's record format (the numbers are the file's own)."""
+    import shutil
+
+    from pape_hub.evaluation import write_json
+
+    source, target = results / name, results / ARCHIVE / name
+    if not (source / "summary.json").exists() or target.exists():
+        raise ValueError(f"cannot archive {name!r}: {source / 'summary.json'} is missing or {target} exists")
+    record = read_record(source / "summary.json", Comparison.from_dict)
+    out = record.to_dict()
+    out["provenance"] = dict(out["provenance"], archived=version)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(source, target)
+    write_json(out, target / "summary.json")
+    return target
 
 
 def provenance_line(data: dict[str, Any] | Comparison) -> str:
@@ -82,9 +105,10 @@ def comparison_block(results: Path, name: str, what: str) -> str:
     seeds = data.seeds
     over = (f"mean over seeds {', '.join(map(str, seeds))} with the 95% bootstrap interval of the mean in brackets"
             if len(seeds) > 1 else f"seed {seeds[0]}")
+    folder = f"results/{ARCHIVE}/{name}" if data.provenance.get("archived") else f"results/{name}"
     lines = [summary_table(data), "",
-             f"Top-1 on the test split; {over}. {provenance_line(data)} Plot: `results/{name}/accuracy_vs_size.png`"
-             f"; every run with its training curve: `results/{name}/summary.json`."]
+             f"Top-1 on the test split; {over}. {provenance_line(data)} Plot: `{folder}/accuracy_vs_size.png`"
+             f"; every run with its training curve: `{folder}/summary.json`."]
     if data.failed:
         lines.append(f"Runs that failed: {', '.join(data.failed)}.")
     hub = data.hub
@@ -411,6 +435,11 @@ def redraw_plots(results: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     targets = [Path(p) for p in args.page] if args.page else pages(ROOT)
     results = Path(args.results or ROOT / "results")
+    if args.archive:
+        if not args.archived_version:
+            raise ValueError("--archive needs --archived-version (e.g. '0.1.0, commit 54b330e')")
+        for name in args.archive:
+            print(f"archived {name} -> {archive(results, name, args.archived_version)}")
     if args.check:
         problems = check(targets, results)
         for problem in problems:
