@@ -20,8 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", flags=re.MULTILINE | re.DOTALL)
 
 #: the sources the pages' blocks download, as timm names them (full size: the blocks build the published sizes)
-STAND_INS = ["vit_small_patch16_rope_mixed_224.naver_in1k", "deit3_small_patch16_224.fb_in1k",
-             "vit_small_patch16_dinov3.lvd1689m"]
+STAND_INS = ["vit_small_patch16_rope_mixed_224.naver_in1k", "deit3_small_patch16_224.fb_in1k"]
 PUSH = """
 import timm
 from timm.models import push_to_hf_hub
