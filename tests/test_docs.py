@@ -6,6 +6,7 @@ their real repo ids, written by timm's own ``push_to_hf_hub`` from full-size mod
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -49,8 +50,6 @@ def served(tmp_path_factory):
 
 
 def run_python(code: str, folder: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    import os
-
     full = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"} | env
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=folder, env=full,
                           timeout=600)

@@ -147,5 +147,5 @@ def test_the_wheel_holds_the_library_and_not_the_lab(tmp_path):
             "pape_hub/training/loop.py", "pape_hub/models/pretrained.py"} <= set(names)
     assert any(name.endswith("licenses/LICENSE") for name in names)
     lab_like = [n for n in names if any(word in n for word in ("report", "bench", "profile", "experiment",
-                                                               "provenance", "server", "local_hub", "zoo_cmd"))]
+                                                               "provenance", "server", "local_hub", "commands/zoo"))]
     assert not lab_like, lab_like

@@ -487,7 +487,7 @@ def _convert_lookhere(state: dict[str, torch.Tensor], config: dict[str, Any] | N
     return _lookhere_release({**backbone, **_learned_table(state, model, report)}, config, model, report)
 
 
-Converter = Callable[[dict[str, torch.Tensor], "dict[str, Any] | None", nn.Module, Conversion], dict[str, torch.Tensor]]
+Converter = Callable[[dict[str, torch.Tensor], dict[str, Any] | None, nn.Module, Conversion], dict[str, torch.Tensor]]
 
 #: source family -> its converter (:func:`detect_family` names the family of a state dict)
 CONVERTERS: dict[str, Converter] = {
