@@ -132,6 +132,43 @@ def test_model_cards_claim_only_what_the_results_hold(card):
     assert "REPO_ID" not in text and "import pape_hub" in text and (card.with_suffix(".png")).exists()
 
 
+def test_cards_only_writes_the_main_jobs_cards_from_its_results(tmp_path, monkeypatch):
+    """`python -m lab arrows --cards-only` (after a bench run) writes model_cards/ again from the main job's results
+    and first-seed checkpoints, training nothing: the measured parts of each card, its model-index and its speed,
+    are the committed card's. A missing checkpoint is named."""
+    import argparse
+    import shutil
+
+    import timm
+    from huggingface_hub import ModelCard
+
+    from lab.commands import arrows
+    from pape_hub.checkpoint import save_checkpoint
+
+    shutil.copytree(ROOT / "results" / "arrows_main_job", tmp_path / "results" / "arrows_main_job")
+    shutil.copy(ROOT / "results" / "bench_vit_b16_224_cpu.json", tmp_path / "results")
+    summary = json.loads((tmp_path / "results" / "arrows_main_job" / "summary.json").read_text())
+    first = [run for run in summary["runs"] if run["seed"] == summary["seeds"][0]]
+    for run in first:  # untrained stand-ins of the main job's checkpoints: the cards' numbers come from results/
+        model = timm.create_model(run["architecture"], num_classes=4, patch_size=12, img_size=48)
+        save_checkpoint(model, tmp_path / run["checkpoint"])
+    monkeypatch.setattr(arrows, "REPOSITORY", tmp_path)
+    parser = argparse.ArgumentParser()
+    arrows.add_arguments(parser)
+    assert arrows.run(parser.parse_args(["--cards-only"])) == 0
+    written = sorted(path.name for path in (tmp_path / "model_cards").glob("*.md"))
+    assert written == sorted(path.name for path in (ROOT / "model_cards").glob("*.md"))
+    for name in written:
+        new, committed = (folder / "model_cards" / name for folder in (tmp_path, ROOT))
+        values = [[metric["value"] for result in ModelCard.load(card).data.to_dict()["model-index"][0]["results"]
+                   for metric in result["metrics"]] for card in (new, committed)]
+        assert values[0] == values[1], name
+        assert section(new.read_text(), "Speed") == section(committed.read_text(), "Speed"), name
+    shutil.rmtree(tmp_path / first[0]["checkpoint"])
+    with pytest.raises(FileNotFoundError, match=re.escape(first[0]["checkpoint"])):
+        arrows.run(parser.parse_args(["--cards-only"]))
+
+
 def test_a_new_probe_keeps_earlier_results_current():
     """An encoding added later brings its own probe: results measured before it existed stay current; a probe
     that disappears (an encoding removed) or changes does not."""

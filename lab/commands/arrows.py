@@ -15,6 +15,7 @@ Examples:
     python -m lab arrows --encodings rope,rope_mixed --seeds 0 --results-dir none
     python -m lab arrows --paper --epochs 40               # the LieRE paper's harder setting
     python -m lab arrows --encodings pape --epochs 1 --init-from outputs/src/ape_seed{seed}/best  # transplant
+    python -m lab arrows --cards-only                      # model_cards/ again, e.g. after a bench run
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ FLAGS = ("epochs", "train_size", "eval_size", "recipe", "init_from")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_comparison_arguments(parser, seeds="0,1,2,3,4", output_dir="outputs/arrows", train_settings=FLAGS,
+    add_comparison_arguments(parser, seeds="0,1,2,3,4", train_settings=FLAGS,
+                             output_dir="outputs/arrows, outputs/arrows_full with --full, outputs/arrows_paper with "
+                             "--paper, each + _RECIPE for another --recipe",
                              results_dir="results/arrows_main_job, results/arrows_full with --full, "
                              "results/arrows_paper with --paper, each + _RECIPE for another --recipe")
     parser.add_argument("--full", action="store_true", help="every encoding, twice the schedule")
@@ -55,20 +58,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the seed-0 checkpoints are pushed and loaded back from: 'auto' = the Hub your "
                         "token points at if one is configured, else a Hub endpoint started on 127.0.0.1")
     parser.add_argument("--hub-namespace", default="pape-hub", help="user or organisation of the pushed repos")
+    parser.add_argument("--cards-only", action="store_true",
+                        help="train nothing: write the main job's model cards (model_cards/) again from its results "
+                        "and first-seed checkpoints, e.g. after `python -m lab bench` changed the speed they quote")
 
 
-def run_setting(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str, Any], Path | None]:
-    """(setting name, task setting, training preset with the flags applied, results folder or None)."""
+def run_setting(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str, Any], Path | None, Path]:
+    """(setting name, task setting, training preset with the flags applied, results folder or None, checkpoints
+    folder). Each setting and recipe has folders of its own, so that no run overwrites the main job's checkpoints
+    (the ones its model cards describe)."""
     if args.paper and args.isolated:
         raise ValueError("--paper and --isolated are different settings; choose one")
     name = "paper" if args.paper else "isolated" if args.isolated else "default"
     preset = dict(PRESET, epochs=10 if args.full else PRESET["epochs"])
     preset.update({k: getattr(args, k) for k in FLAGS if getattr(args, k) is not None})
-    default_dir = "results/arrows_" + ("full" if args.full else "main_job" if name == "default" else name)
-    if preset["recipe"] != "default":
-        default_dir += "_" + preset["recipe"].replace("-", "_")
-    results = args.results_dir or str(REPOSITORY / default_dir)
-    return name, SETTINGS[name], preset, None if results == "none" else Path(results)
+    variant = "full" if args.full else "main_job" if name == "default" else name
+    recipe = "" if preset["recipe"] == "default" else "_" + preset["recipe"].replace("-", "_")
+    results = args.results_dir or str(REPOSITORY / "results" / f"arrows_{variant}{recipe}")
+    # the main job's checkpoints in outputs/arrows, every other setting's beside them
+    output = Path(args.output_dir or "outputs/arrows" + ("" if variant == "main_job" else "_" + variant) + recipe)
+    return name, SETTINGS[name], preset, None if results == "none" else Path(results), output
 
 
 def arrow_training(setting: dict[str, Any], preset: dict[str, Any]) -> dict[str, Any]:
@@ -82,7 +91,9 @@ def arrow_training(setting: dict[str, Any], preset: dict[str, Any]) -> dict[str,
 def run(args: argparse.Namespace) -> int:
     from pape_hub.recipes import get_recipe
 
-    setting_name, setting, preset, results_dir = run_setting(args)
+    setting_name, setting, preset, results_dir, output_dir = run_setting(args)
+    if args.cards_only:
+        return rewrite_cards(results_dir, args.hub_namespace)
     get_recipe(preset["recipe"])  # an unknown recipe fails here, before any worker starts
     if args.full:
         args.encodings = "all"
@@ -100,15 +111,34 @@ def run(args: argparse.Namespace) -> int:
                  recipe={k: v for k, v in train.items() if k not in ("model", "model_kwargs", "arrow")},
                  epochs=preset["epochs"], train_size=preset["train_size"], eval_size=preset["eval_size"])
     return compare_encodings(args, "arrows", train, dict(dataset="arrows", sizes=grids, eval_size=preset["eval_size"]),
-                             grids, "grid", Path(args.output_dir or "outputs/arrows"), results_dir,
+                             grids, "grid", output_dir, results_dir,
                              f"arrow task ({setting_name}), trained on grid {grids[0]}", facts,
                              publish=None if hub is None else lambda summary: publish(summary, hub, cards_dir))
 
 
-def publish(summary: Comparison, hub: Any, cards_dir: Path | None) -> dict[str, Any]:
-    """Give each encoding's first-seed checkpoint its evaluation, plot and model card, push them, and load each back
-    by repo id from both faces (bit-identical logits to the local folder, checked in a fresh process). The cards
-    are also written to ``cards_dir`` (the repository's ``model_cards/``)."""
+def rewrite_cards(results_dir: Path | None, namespace: str) -> int:
+    """``--cards-only``: the main job's cards from ``results_dir/summary.json`` and the checkpoints it names."""
+    from pape_hub.records import read_record
+
+    main_job = REPOSITORY / "results" / "arrows_main_job"
+    if results_dir is None or results_dir.resolve() != main_job:
+        raise ValueError("--cards-only writes the main job's cards: leave --results-dir unset")
+    summary = read_record(main_job / "summary.json", Comparison.from_dict)
+    missing = [run.checkpoint for run in summary.runs if run.seed == summary.seeds[0]
+               and not (REPOSITORY / run.checkpoint).is_dir()]
+    if missing:
+        raise FileNotFoundError(f"--cards-only needs the main job's checkpoints, missing: {', '.join(missing)}; "
+                                "`python -m lab arrows` writes them")
+    # the main job records its checkpoints relative to where it ran: the checkout (`make main`)
+    for _, repo_id in write_cards(summary, namespace, REPOSITORY / "model_cards", base=REPOSITORY):
+        print(f"  wrote the card of {repo_id}", flush=True)
+    return 0
+
+
+def write_cards(summary: Comparison, namespace: str, cards_dir: Path | None,
+                base: Path = Path(".")) -> list[tuple[Path, str]]:
+    """Give each encoding's first-seed checkpoint (``base / run.checkpoint``) its evaluation, plot and model card
+    (also written to ``cards_dir``, the repository's ``model_cards/``); (checkpoint, repo id) of each."""
     from pape_hub.card import PLOT_NAME, card_from_folder
     from pape_hub.checkpoint import record_outputs
     from pape_hub.evaluation import plot_sweep_summary, write_json
@@ -121,20 +151,27 @@ def publish(summary: Comparison, hub: Any, cards_dir: Path | None) -> dict[str, 
     for result in summary.runs:
         if result.seed != first_seed:
             continue
-        checkpoint = Path(result.checkpoint)
+        checkpoint = base / result.checkpoint
         name = "vit-arrows-" + re.sub(r"[^A-Za-z0-9.]+", "-", result.label).strip("-")
         plot_sweep_summary([result], checkpoint / PLOT_NAME, title=f"{result.label}, trained on grid "
                            f"{summary.sizes[0]}")
         write_json(result.to_dict(), checkpoint / EVALUATION_FILE)  # this run's evaluation, as the comparison has it
         ComparisonContext(summary.seeds, summary.aggregate.get(result.label), bench).write(checkpoint)
         record_outputs(checkpoint, PLOT_NAME, EVALUATION_FILE, COMPARISON_FILE)
-        card_from_folder(checkpoint, repo_id=f"{hub.namespace}/{name}")
+        card_from_folder(checkpoint, repo_id=f"{namespace}/{name}")
         if cards_dir is not None:
             cards_dir.mkdir(parents=True, exist_ok=True)
             (cards_dir / f"{name}.png").write_bytes((checkpoint / PLOT_NAME).read_bytes())
-            card_from_folder(checkpoint, repo_id=f"{hub.namespace}/{name}", path=cards_dir / f"{name}.md",
+            card_from_folder(checkpoint, repo_id=f"{namespace}/{name}", path=cards_dir / f"{name}.md",
                              plot=f"{name}.png")
-        items.append((checkpoint, f"{hub.namespace}/{name}"))
+        items.append((checkpoint, f"{namespace}/{name}"))
+    return items
+
+
+def publish(summary: Comparison, hub: Any, cards_dir: Path | None) -> dict[str, Any]:
+    """Write each encoding's first-seed card (``write_cards``), push the checkpoints, and load each back by repo id
+    from both faces (bit-identical logits to the local folder, checked in a fresh process)."""
+    items = write_cards(summary, hub.namespace, cards_dir)
     with hub.session():
         repos = hub.publish(items)
     for repo_id, check in repos.items():
