@@ -1,10 +1,11 @@
-"""Which part of the PaPE paper's recipe costs the arrow task its seeds: PaPE on the main job's setting, trained
-under ``paper-pape`` and under ``paper-pape`` with one part at a time put back to the ``default`` recipe's (the init
-of the linear layers and the head, the weight-decay groups, the schedule's shape, gradient clipping). Everything
-else is the main job's (``python -m lab arrows --recipe paper-pape``). Runs one after another in this process (each with
-one thread); writes ``results/recipe_bisection/`` (README block ``recipe_bisection``).
+"""Which part of the PaPE paper's recipe costs the arrow task its seeds: one encoding (PaPE unless told) on the
+main job's setting, trained under ``paper-pape`` and under ``paper-pape`` with one part at a time put back to the
+``default`` recipe's (the init of the linear layers and the head, the weight-decay groups, the schedule's shape,
+gradient clipping). Everything else is the main job's (``python -m lab arrows --recipe paper-pape``). Runs one after
+another in this process (each with one thread); writes ``results/recipe_bisection/`` (block ``recipe_bisection``).
 
-    python -m lab.recipe_bisection --seeds 1        # the seed paper-pape leaves unsolved (about 10 minutes)
+    python -m lab.recipe_bisection --seeds 1                   # PaPE on seed 1 (about 10 minutes)
+    python -m lab.recipe_bisection --encoding liere8 --seeds 1  # a seed default solves and paper-pape does not
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ VARIANTS = {
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--encoding", default="pape", help="the encoding trained (default: pape)")
     parser.add_argument("--seeds", default="1", help="comma-separated training seeds")
     parser.add_argument("--output-dir", default="outputs/recipe_bisection", help="checkpoints and logs")
     parser.add_argument("--results-dir", default=str(REPOSITORY / "results" / "recipe_bisection"))
@@ -50,7 +52,7 @@ def main() -> int:
         RECIPES[recipe.name] = recipe  # this process only: the runs below train in it
         train = arrow_training(setting, dict(PRESET, recipe=recipe.name, **overrides))
         for seed in seeds:
-            job = make_job(label, {}, seed, Path(args.output_dir), dict(train, model="vit_m12_pape"),
+            job = make_job(label, {}, seed, Path(args.output_dir), dict(train, model=f"vit_m12_{args.encoding}"),
                            sweep=dict(dataset="arrows", sizes=grids, eval_size=PRESET["eval_size"]))
             result = train_and_evaluate(job)
             results.append(result)
@@ -58,11 +60,13 @@ def main() -> int:
             print(f"  {label} seed {seed}: test grid 4 {top:.3f} ({time.time() - started:.0f}s)", flush=True)
     command = "python -m lab.recipe_bisection " + shlex.join(sys.argv[1:])
     facts = dict(provenance=provenance("arrows", command=command.strip()), task=dict(setting="default", **setting),
-                 recipe=dict(recipe="paper-pape", variants=list(VARIANTS)), epochs=PRESET["epochs"])
+                 recipe=dict(recipe="paper-pape", variants=list(VARIANTS)), epochs=PRESET["epochs"],
+                 encoding=args.encoding)
     summary = Comparison(facts, grids, "grid", seeds, list(VARIANTS), results, aggregate(results, grids),
                          wall_s=round(time.time() - started))
     print("\n" + summary_table(summary))
-    write_results(summary, Path(args.results_dir), title=f"PaPE under paper-pape, one part put back, seeds {seeds}")
+    write_results(summary, Path(args.results_dir),
+                  title=f"{args.encoding} under paper-pape, one part put back, seeds {seeds}")
     return 0
 
 
