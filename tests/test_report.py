@@ -132,6 +132,29 @@ def test_model_cards_claim_only_what_the_results_hold(card):
     assert "REPO_ID" not in text and "import pape_hub" in text and (card.with_suffix(".png")).exists()
 
 
+@pytest.mark.parametrize("flags,results,output", [
+    ([], "arrows_main_job", "outputs/arrows"),
+    (["--full"], "arrows_full", "outputs/arrows_full"),
+    (["--isolated"], "arrows_isolated", "outputs/arrows_isolated"),
+    (["--recipe", "paper-pape"], "arrows_main_job_paper_pape", "outputs/arrows_paper_pape"),
+    (["--epochs", "10", "--results-dir", "results/arrows_rope_mixed_long"], "arrows_rope_mixed_long",
+     "outputs/arrows_rope_mixed_long"),
+    (["--results-dir", "none"], None, "outputs/arrows_no_results"),
+    (["--results-dir", "none", "--output-dir", "mine"], None, "mine"),
+])
+def test_only_the_main_job_writes_the_checkpoints_its_cards_describe(flags, results, output):
+    """`outputs/arrows` holds the main job's checkpoints (what `--cards-only` and the pushed repos describe); every
+    other run of the command keeps its checkpoints beside them unless told where."""
+    import argparse
+
+    from lab.commands.arrows import add_arguments, run_setting
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    *_, results_dir, output_dir = run_setting(parser.parse_args(flags))
+    assert (results_dir.name if results_dir else None, str(output_dir)) == (results, output)
+
+
 def test_cards_only_writes_the_main_jobs_cards_from_its_results(tmp_path, monkeypatch):
     """`python -m lab arrows --cards-only` (after a bench run) writes model_cards/ again from the main job's results
     and first-seed checkpoints, training nothing: the measured parts of each card, its model-index and its speed,

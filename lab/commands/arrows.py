@@ -45,8 +45,8 @@ FLAGS = ("epochs", "train_size", "eval_size", "recipe", "init_from")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_comparison_arguments(parser, seeds="0,1,2,3,4", train_settings=FLAGS,
-                             output_dir="outputs/arrows, outputs/arrows_full with --full, outputs/arrows_paper with "
-                             "--paper, each + _RECIPE for another --recipe",
+                             output_dir="outputs/ + the results folder's name, outputs/arrows for the main job, "
+                             "outputs/arrows_no_results with --results-dir none",
                              results_dir="results/arrows_main_job, results/arrows_full with --full, "
                              "results/arrows_paper with --paper, each + _RECIPE for another --recipe")
     parser.add_argument("--full", action="store_true", help="every encoding, twice the schedule")
@@ -75,8 +75,10 @@ def run_setting(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str
     variant = "full" if args.full else "main_job" if name == "default" else name
     recipe = "" if preset["recipe"] == "default" else "_" + preset["recipe"].replace("-", "_")
     results = args.results_dir or str(REPOSITORY / "results" / f"arrows_{variant}{recipe}")
-    # the main job's checkpoints in outputs/arrows, every other setting's beside them
-    output = Path(args.output_dir or "outputs/arrows" + ("" if variant == "main_job" else "_" + variant) + recipe)
+    # outputs/arrows holds the main job's checkpoints only (its cards describe them); other runs keep theirs beside
+    # it, under their results folder's name
+    named = "arrows_no_results" if results == "none" else Path(results).name.replace("arrows_main_job", "arrows")
+    output = Path(args.output_dir or "outputs/" + named)
     return name, SETTINGS[name], preset, None if results == "none" else Path(results), output
 
 
