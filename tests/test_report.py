@@ -190,6 +190,8 @@ def test_cards_only_writes_the_main_jobs_cards_from_its_results(tmp_path, monkey
     shutil.rmtree(tmp_path / first[0]["checkpoint"])
     with pytest.raises(FileNotFoundError, match=re.escape(first[0]["checkpoint"])):
         arrows.run(parser.parse_args(["--cards-only"]))
+    with pytest.raises(ValueError, match="main job's cards .* drop --results-dir, --full"):
+        arrows.run(parser.parse_args(["--cards-only", "--full"]))
 
 
 def test_a_new_probe_keeps_earlier_results_current():

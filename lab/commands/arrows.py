@@ -124,7 +124,8 @@ def rewrite_cards(results_dir: Path | None, namespace: str) -> int:
 
     main_job = REPOSITORY / "results" / "arrows_main_job"
     if results_dir is None or results_dir.resolve() != main_job:
-        raise ValueError("--cards-only writes the main job's cards: leave --results-dir unset")
+        raise ValueError("--cards-only writes the main job's cards from results/arrows_main_job: drop --results-dir, "
+                         "--full, --paper, --isolated and --recipe")
     summary = read_record(main_job / "summary.json", Comparison.from_dict)
     missing = [run.checkpoint for run in summary.runs if run.seed == summary.seeds[0]
                and not (REPOSITORY / run.checkpoint).is_dir()]
