@@ -30,6 +30,7 @@ from pathlib import Path
 
 __all__ = ["COMMANDS", "CommandLine", "HelpFormatter", "PAPE_HUB", "main"]
 HELP_WIDTH = 100  # help is rendered at one width, so the cached text is the parser's own
+HELP_CACHE_LIMIT = 1 << 20  # bytes: every command's help together is about 40 kB
 
 #: the installed commands, each described here once (the details are in the command module's docstring)
 COMMANDS = {
@@ -107,28 +108,43 @@ class CommandLine:
         return parser, module
 
     def help_cache(self) -> Path | None:
-        """The cache file of this Python version and the package's files as they are now (None: not found)."""
-        spec = importlib.util.find_spec(self.package.split(".")[0])  # runs no package code
-        if spec is None or not spec.submodule_search_locations:
-            return None
-        root = Path(list(spec.submodule_search_locations)[0])
-        files = sorted([*root.rglob("*.py"), Path(__file__)])
+        """The cache file of this Python version and the package's files as they are now, the library's included
+        (a command's help reads its settings from there); None: not found."""
+        roots = []
+        for package in dict.fromkeys([self.package.split(".")[0], "pape_hub"]):
+            spec = importlib.util.find_spec(package)  # runs no package code
+            if spec is None or not spec.submodule_search_locations:
+                return None
+            roots.append(Path(list(spec.submodule_search_locations)[0]))
+        files = sorted([*(f for root in roots for f in root.rglob("*.py")), Path(__file__)])
         stamp = ";".join(f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
         key = hashlib.sha256(f"{sys.version_info[:2]};{self.prog};{stamp}".encode()).hexdigest()[:16]
         cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pape_hub"
         return cache / f"help-{self.package}-{key}.json"
 
-    def command_help(self, name: str) -> str:
-        """What ``PROG NAME --help`` prints: the cached text, else the parser's (then cached for next time)."""
-        path = self.help_cache()
+    def read_help_cache(self, path: Path | None) -> dict[str, str]:
+        """The cached texts: a file this program wrote (a JSON object of strings, under :data:`HELP_CACHE_LIMIT`
+        bytes); anything else is ignored and replaced on the next write."""
         try:
-            cached = json.loads(path.read_text()) if path is not None and path.exists() else {}
+            if path is None or not path.is_file() or path.stat().st_size > HELP_CACHE_LIMIT:
+                return {}
+            cached = json.loads(path.read_text())
         except (OSError, ValueError):
-            cached = {}
+            return {}
+        if not isinstance(cached, dict):
+            return {}
+        return {k: v for k, v in cached.items() if isinstance(k, str) and isinstance(v, str)}
+
+    def command_help(self, name: str) -> str:
+        """What ``PROG NAME --help`` prints: the cached text, else the parser's (then cached for next time). Text
+        from the cache is printed without control characters (a terminal escape sequence in it does nothing)."""
+        path = self.help_cache()
+        cached = self.read_help_cache(path)
         if name in cached:
-            return cached[name]
+            return "".join(c for c in cached[name] if c in "\n\t" or c >= " ")
         text = self.command_parser(name)[0].format_help()
-        if path is not None:
+        if path is not None and not path.is_dir():
+            tmp = None
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".help-")
@@ -136,7 +152,8 @@ class CommandLine:
                     json.dump({**cached, name: text}, fh)
                 os.replace(tmp, path)
             except OSError:  # a read-only home: no cache, the parser renders it every time
-                pass
+                if tmp is not None and os.path.exists(tmp):
+                    os.unlink(tmp)
         return text
 
     def main(self, argv: list[str] | None = None) -> int:
@@ -150,7 +167,11 @@ class CommandLine:
             return 2
         rest = argv[argv.index(name) + 1:]
         if {"-h", "--help"} & set(rest):
-            print(self.command_help(name), end="")
+            try:
+                print(self.command_help(name), end="")
+            except ImportError as err:  # a core-only install: name the extra the command needs
+                print(f"{self.prog} {name}: error: {_missing_extra(err) or err}", file=sys.stderr)
+                return 1
             return 0
         if name in self.long:  # at once: the imports take seconds
             print(f"{self.prog} {name}: starting (importing torch, timm and the command's code)", flush=True)

@@ -619,6 +619,10 @@ class Routes:
                 allowed = True
         if allowed:
             raise HubError(405, "MethodNotAllowed", f"{method} is not allowed on {raw_path[:200]}")
+        # a repo id without a namespace (timm's "vit_tiny_patch16_224", as transformers' backbone="<timm name>" asks
+        # for it): the Hub answers that no such repo exists, which clients treat as "not on the Hub"
+        if re.fullmatch(r"/api/models/[^/]+(?:/revision/[^/]+)?|/[^/]+/resolve/[^/]+/.+", raw_path):
+            raise HubError(404, "RepoNotFound", f"Repository {raw_path.split('/')[-1][:100]} not found")
         raise HubError(404, "EntryNotFound", f"no route for {method} {raw_path[:200]}")
 
     # --- access ----------------------------------------------------------------------------------------------

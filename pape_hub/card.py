@@ -18,7 +18,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .checkpoint import check_output_path, record_outputs
+from .checkpoint import atomic_write, check_output_path, record_outputs
 from .records import ComparisonContext, Evaluation, read_evaluation
 
 __all__ = ["GENERATED_MARK", "PLOT_NAME", "card_from_folder", "render_model_card", "write_model_card"]
@@ -30,6 +30,12 @@ TEMPLATES = Path(__file__).parent / "templates"  # the cards' Markdown, with {{ 
 #: what the Hub lists as the library: transformers' "use this model" snippet (with trust_remote_code) runs without
 #: pape_hub; a snippet for an unknown library shows nothing
 LIBRARY_NAME = "transformers"
+
+
+def plain(text: Any) -> str:
+    """A string from a file or the user (a dataset spec, a model name, a sweep unit) as Markdown shows it literally:
+    on one line, with every character that Markdown or HTML would read as markup escaped."""
+    return re.sub(r"([\\`*\[\]<>#!|~&])", r"\\\1", " ".join(str(text).split()))
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ _BUILT_IN = {
     "digits": CardDataset("scikit-learn digits (8x8 grey handwritten digits)", "sklearn-digits"),
 }
 #: model-index's split names for an evaluation's split
-_SPLITS = {"test": "test", "val": "validation", "generated test seed": "test"}
+_SPLITS = {"test": "test", "val": "validation", "validation": "validation", "generated test seed": "test"}
 
 
 def card_dataset(spec: str | None) -> CardDataset:
@@ -66,7 +72,7 @@ def card_dataset(spec: str | None) -> CardDataset:
             return CardDataset(f"the Hub dataset [`{arg}`](https://huggingface.co/datasets/{arg})", arg, arg)
         except HFValidationError:
             pass
-    return CardDataset(f"a local dataset (`{spec}`)", kind or "local")
+    return CardDataset(f"a local dataset ({plain(spec)})", kind or "local")
 
 
 def _training_spec(config: dict[str, Any]) -> str | None:
@@ -98,7 +104,7 @@ def _encoding_facts(config: dict[str, Any]) -> dict[str, Any]:
 
 def _sweep_table(evaluation: Evaluation, comparison: ComparisonContext | None) -> str:
     sizes = evaluation.sizes()
-    lines = [f"| {evaluation.sweep_unit} | " + " | ".join(str(s) for s in sizes) + " |",
+    lines = [f"| {plain(evaluation.sweep_unit)} | " + " | ".join(plain(s) for s in sizes) + " |",
              "|---" * (len(sizes) + 1) + "|"]
     for interp in (False, True):
         cells = [f"{top1:.3f}" if (top1 := evaluation.accuracy(s, interp)) is not None else "-" for s in sizes]
@@ -116,6 +122,20 @@ def _sweep_table(evaluation: Evaluation, comparison: ComparisonContext | None) -
                      f"| {label} | {c['mean']:.3f} ± {c['std']:.3f} | {c['min']:.3f} - {c['max']:.3f} |"
                      for label, c in comparison.aggregate.items()))
     return text
+
+
+def read_bench(path: Path, encoding: str) -> dict[str, Any]:
+    """A ``python -m lab bench`` JSON, checked to render (its runs, rows and timings) before anything is written from
+    it; one error naming the file and what is wrong."""
+    try:
+        bench = json.loads(Path(path).read_text())
+        _bench_table(bench, encoding)
+        for key in ("device", "dtype", "batch_size", "repeats"):
+            bench[key]  # noqa: B018 - the speed section names them
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError) as err:
+        raise ValueError(f"--bench {path} is not a `python -m lab bench` result ({type(err).__name__}: {err}); nothing "
+                         "was written") from err
+    return bench
 
 
 def _bench_table(bench: dict[str, Any], encoding: str) -> str | None:
@@ -253,9 +273,12 @@ def render_model_card(config: dict[str, Any], evaluation: Evaluation | None = No
     facts = _encoding_facts(config)
     cfg = config.get("pretrained_cfg", {})
     return _render(
-        "model_card.md", data, model_name=name, model_description=_model_description(config), encoding=encoding,
+        "model_card.md", data, model_name=plain(name), model_description=_model_description(config),
+        encoding=encoding,
         dataset=dataset.description, seeded_from=meta.get("seeded_from"), **facts, **_usage(repo_id, task),
-        dataset_record=json.dumps(meta.get("dataset", {})), recipe=_recipe_line(recipe), mean=cfg.get("mean"),
+        # JSON in a code span: a backtick in a recorded string would end the span, so it is written as \u0060
+        dataset_record=json.dumps(meta.get("dataset", {})).replace("`", "\\u0060"), recipe=_recipe_line(recipe),
+        mean=cfg.get("mean"),
         std=cfg.get("std"), val_top1=meta.get("val_top1"), best_epoch=meta.get("epoch", -1) + 1,
         epochs=recipe.get("epochs", "?"), plot=plot, **_evaluation_fields(evaluation, comparison),
         bench_table=_bench_table(comparison.bench, encoding) if comparison and comparison.bench else None)
@@ -270,26 +293,36 @@ def _evaluation_fields(evaluation: Evaluation | None, comparison: ComparisonCont
         row, (low, high) = chance
         at_chance = (f"{row.top1:.3f}, lies within the 95% interval of guessing ({low:.3f} to {high:.3f} for "
                      f"{evaluation.num_classes} classes and {row.count} test samples)")
-    return dict(evaluation=True, at_chance=at_chance, split=evaluation.split, sweep_unit=evaluation.sweep_unit,
-                trained_at=evaluation.trained_at, commit=evaluation.commit or "?",
-                sweep_table=_sweep_table(evaluation, comparison))
+    return dict(evaluation=True, at_chance=at_chance, split=plain(evaluation.split),
+                sweep_unit=plain(evaluation.sweep_unit), trained_at=evaluation.trained_at,
+                commit=evaluation.commit or "?", sweep_table=_sweep_table(evaluation, comparison))
+
+
+def check_card_target(path: Path, overwrite: bool = False) -> Path:
+    """Refuse to replace a card (or any file) this package did not generate: a README the user wrote is theirs."""
+    if path.is_file() and not overwrite and GENERATED_MARK not in path.read_text(errors="replace"):
+        raise FileExistsError(f"{path} exists and was not generated by pape_hub (a card you wrote?); it is left as it "
+                              "is. Write the card elsewhere (--output), or pass --overwrite to replace it")
+    return path
 
 
 def write_model_card(checkpoint: str | Path, evaluation: Evaluation | None = None,
                      comparison: ComparisonContext | None = None, *, path: str | Path | None = None,
-                     **kwargs: Any) -> Path:
-    """Write the card as ``README.md`` into a checkpoint folder (or to ``path``); see :func:`render_model_card`."""
+                     overwrite: bool = False, **kwargs: Any) -> Path:
+    """Write the card as ``README.md`` into a checkpoint folder (or to ``path``); see :func:`render_model_card`. A
+    file there that pape_hub did not generate is refused unless ``overwrite``."""
     checkpoint = Path(checkpoint)
     config = json.loads((checkpoint / "config.json").read_text())
-    path = check_output_path(path) if path else checkpoint / "README.md"
-    render_model_card(config, evaluation, comparison, **kwargs).save(str(path))
+    path = check_card_target(check_output_path(path) if path else checkpoint / "README.md", overwrite)
+    card = render_model_card(config, evaluation, comparison, **kwargs)
+    atomic_write(path, lambda tmp: card.save(str(tmp)))
     if path.parent.resolve() == checkpoint.resolve():
         record_outputs(checkpoint, path.name)  # a later save of the checkpoint may replace it
     return path
 
 
 def card_from_folder(checkpoint: str | Path, repo_id: str | None = None, path: str | Path | None = None,
-                     plot: str | None = None) -> Path:
+                     plot: str | None = None, overwrite: bool = False) -> Path:
     """Write the card of a checkpoint folder from what the folder holds: ``config.json`` and, if present, its
     records (``eval.json``, ``comparison.json``: :func:`~pape_hub.records.read_evaluation`) and the plot
     :data:`PLOT_NAME`. ``path`` / ``plot`` write the card elsewhere with the plot under another name."""
@@ -297,4 +330,5 @@ def card_from_folder(checkpoint: str | Path, repo_id: str | None = None, path: s
     evaluation, comparison = read_evaluation(checkpoint)
     if plot is None and (checkpoint / PLOT_NAME).exists():
         plot = PLOT_NAME
-    return write_model_card(checkpoint, evaluation, comparison, path=path, plot=plot, repo_id=repo_id)
+    return write_model_card(checkpoint, evaluation, comparison, path=path, plot=plot, repo_id=repo_id,
+                            overwrite=overwrite)

@@ -21,9 +21,7 @@ import copy
 import json
 import os
 import shutil
-import tempfile
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,38 +29,35 @@ import timm
 import torch
 from filelock import FileLock
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from .folder import (
+    CONFIG,
+    IMAGE_PROCESSOR,
+    MANIFEST,
+    VIDEO_PROCESSOR,
+    WEIGHTS,
+    WEIGHTS_INDEX,
+    DataConfig,
+    atomic_write,
+    read_manifest,
+    read_weights,
+    weight_files,
+    write_manifest,
+)
 from .hf.configuration_pape_vit import check_checkpoint_config
 from .hf.remote_code import write_remote_code
 from .models.weights import check_finite_weights
 from .records import EVALUATION_FILE, Evaluation
 
 __all__ = ["MANIFEST", "atomic_write", "check_checkpoint_target", "check_output_path", "check_weights_shapes",
-           "foreign_files", "load_checkpoint",
+           "foreign_files", "load_checkpoint", "owned_files",
            "newest_complete", "read_config", "record_outputs", "recover_dir", "replace_dir", "save_checkpoint",
            "warn_interrupted_save"]
 
-WEIGHTS, CONFIG = "model.safetensors", "config.json"
-#: the hidden list of what pape_hub wrote in a checkpoint folder (the only files a later save may replace or remove)
-MANIFEST = ".pape_hub_checkpoint.json"
 #: what a checkpoint folder written before the manifest existed holds of pape_hub's (its remote code: ``*.py``)
-_LEGACY_NAMES = (WEIGHTS, CONFIG, "preprocessor_config.json", "video_preprocessor_config.json", EVALUATION_FILE,
+_LEGACY_NAMES = (WEIGHTS, CONFIG, IMAGE_PROCESSOR, VIDEO_PROCESSOR, EVALUATION_FILE,
                  "comparison.json", "accuracy_vs_size.png")
-
-
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it onto ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are as readable as every other file written here
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _swap_names(dst: Path) -> tuple[Path, Path]:
@@ -123,20 +118,10 @@ def warn_interrupted_save(dst: Path) -> None:
                       "copy in", RuntimeWarning, stacklevel=3)
 
 
-def _manifest(directory: Path) -> set[str] | None:
-    """The names an earlier save (and the writers after it) listed in ``directory``'s manifest; None without one."""
-    path = directory / MANIFEST
-    try:
-        listed = json.loads(path.read_text()).get("files") if path.is_file() else None
-    except (OSError, ValueError, AttributeError):
-        return None
-    return {name for name in listed if isinstance(name, str)} if isinstance(listed, list) else None
-
-
 def _owned(directory: Path) -> set[str]:
     """What pape_hub wrote in ``directory``: its manifest's names, or for a checkpoint folder saved before manifests
     existed (a pape_hub ``config.json``) the names a save and its evaluation write there."""
-    listed = _manifest(directory)
+    listed = read_manifest(directory)
     if listed is not None:
         return listed | {MANIFEST}
     try:
@@ -149,28 +134,31 @@ def _owned(directory: Path) -> set[str]:
             if p.is_file() and not p.is_symlink() and (p.name in _LEGACY_NAMES or p.suffix == ".py")}
 
 
+def owned_files(directory: str | Path) -> list[str]:
+    """The regular files (no links) in ``directory`` that pape_hub wrote there, by its manifest (sorted)."""
+    directory = Path(directory)
+    return sorted(name for name in _owned(directory)
+                  if (directory / name).is_file() and not (directory / name).is_symlink())
+
+
 def foreign_files(directory: Path) -> list[str]:
     """The entries of an existing folder that pape_hub did not write there (sorted; folders end in '/')."""
-    owned = _owned(directory)
-    return sorted(p.name + ("/" if p.is_dir() else "") for p in directory.iterdir() if p.name not in owned)
+    owned = _owned(directory)  # pape_hub writes regular files only: a listed link or folder is not its own
+    return sorted(p.name + ("/" if p.is_dir() else "") for p in directory.iterdir()
+                  if p.name not in owned or p.is_symlink() or not p.is_file())
 
 
 def record_outputs(directory: str | Path, *names: str) -> None:
     """Add files a writer put into a checkpoint folder after its save (an evaluation, a card, a plot) to the folder's
     manifest, so that a later save may replace them; a folder without a manifest is left as it is."""
     directory = Path(directory)
-    listed = _manifest(directory)
+    listed = read_manifest(directory)
     if listed is not None and not set(names) <= listed:
-        _write_manifest(directory, listed | set(names))
-
-
-def _write_manifest(directory: Path, names: set[str]) -> None:
-    record = dict(written_by="pape_hub.save_checkpoint", files=sorted(names - {MANIFEST}))
-    atomic_write(directory / MANIFEST, lambda p: p.write_text(json.dumps(record, indent=1) + "\n"))
+        write_manifest(directory, listed | set(names))
 
 
 #: the files that make a checkpoint folder loadable: no other writer may put its output there
-_LOADABLE = (WEIGHTS, CONFIG, "preprocessor_config.json", "video_preprocessor_config.json", MANIFEST)
+_LOADABLE = (WEIGHTS, WEIGHTS_INDEX, CONFIG, IMAGE_PROCESSOR, VIDEO_PROCESSOR, MANIFEST)
 
 
 def check_output_path(output: str | Path, flag: str = "--output") -> Path:
@@ -238,6 +226,8 @@ def save_checkpoint(model: torch.nn.Module, directory: str | Path,
         'pape'
     """
     directory = Path(directory)
+    if directory.is_symlink():  # a linked folder (e.g. onto a larger disk): write where it points, keep the link
+        directory = directory.resolve()
     check_checkpoint_target(directory, overwrite)  # before any work, without the lock
     directory.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(directory.with_name(f".{directory.name}.lock"))):  # concurrent saves take turns
@@ -246,7 +236,7 @@ def save_checkpoint(model: torch.nn.Module, directory: str | Path,
         shutil.rmtree(tmp, ignore_errors=True)  # what a killed save of ours left: never complete
         tmp.mkdir()
         _write_checkpoint_files(tmp, model, results, label_names, data_config, extra)
-        _write_manifest(tmp, {p.name for p in tmp.iterdir()})
+        write_manifest(tmp, {p.name for p in tmp.iterdir()})
         if foreign:
             _move_into(tmp, directory, set(foreign))
         else:
@@ -266,8 +256,10 @@ def _move_into(tmp: Path, directory: Path, foreign: set[str]) -> None:
     stale = _owned(directory) - new
     for name in sorted(new - {MANIFEST}) + [MANIFEST]:  # the manifest last: it lists what is there
         os.replace(tmp / name, directory / name)
-    for name in stale:
-        (directory / name).unlink(missing_ok=True)
+    for name in stale:  # plain names (checked on read); a link or folder of that name is left as it is
+        path = directory / name
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
     tmp.rmdir()
 
 
@@ -301,14 +293,15 @@ def _write_checkpoint_files(tmp: Path, model: torch.nn.Module, results: Evaluati
     config = {**hf_config.to_diff_dict(), "architectures": [hf_class.__name__],
               "dtype": str(next(core.parameters()).dtype).removeprefix("torch."),
               **folder_fields(hf_class.auto_map, hf_config, core), "pape_hub": dict(extra or {})}
-    keys = ("input_size", "mean", "std", "crop_pct", "crop_mode", "interpolation")
-    config["pretrained_cfg"].update({k: list(v) if isinstance(v, (list, tuple)) else v
-                                     for k, v in data_config.items() if k in keys})
+    # one data config, checked, from which timm's fields and the transformers processor are both written
+    inputs = DataConfig.from_pretrained_cfg(config["pretrained_cfg"], **data_config)
+    config["pretrained_cfg"].update(inputs.timm_fields())
     weights = {f"vit.{k}": v.detach().contiguous() for k, v in core.state_dict().items()}  # the transformers keys
     save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
+    os.chmod(tmp / WEIGHTS, 0o644)  # safetensors writes 0600; the folder's files are all equally readable
     (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     write_remote_code(tmp, entries=[v.split(".")[0] for v in hf_class.auto_map.values()])
-    processor_for(hf_config).save_pretrained(tmp)  # pipeline("image-classification", model=folder)
+    processor_for(hf_config, inputs).save_pretrained(tmp)  # pipeline("image-classification", model=folder)
     if results is not None:
         record = results.to_dict() if isinstance(results, Evaluation) else results
         (tmp / EVALUATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
@@ -328,22 +321,39 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     return config
 
 
-def check_weights_shapes(config: dict[str, Any], weights: str | Path, where: str | None = None,
+def check_architecture(config: dict[str, Any], where: str) -> str:
+    """The config's ``architecture``: a model name pape_hub registers with timm (never ``hf-hub:``/``local-dir:``,
+    which would make a local load contact the Hub or read another folder)."""
+    from .models.zoo import list_pape_models
+
+    name = config.get("architecture")
+    if not isinstance(name, str) or name.split(".")[0] not in list_pape_models():
+        raise ValueError(f"{where} has architecture {name!r}, which is no pape_hub model name (see "
+                         "pape_hub.list_pape_models()): not a pape_hub checkpoint, or an edited config.json")
+    return name
+
+
+def check_weights_shapes(config: dict[str, Any], weights: str | Path | list[Path], where: str | None = None,
                          **overrides: Any) -> None:
     """Build the model ``config`` describes on the meta device (no memory) and compare every tensor's shape with the
-    weights file's header, before anything is allocated: a file of another size or encoding, or a config that asks
-    for a far larger model than its weights, is refused naming the first tensors that differ."""
+    weights file's header (every shard's, for a list), before anything is allocated: a file of another size or
+    encoding, or a config that asks for a far larger model than its weights, is refused naming the first tensors
+    that differ."""
     from safetensors import safe_open
 
     args = {**config.get("model_args", {}), **overrides}
     args.setdefault("num_classes", config.get("num_classes"))
     model = timm.create_model(config["architecture"], device="meta", **args)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    try:
-        with safe_open(str(weights), "pt") as fh:
-            found = {k.removeprefix("vit."): tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
-    except (SafetensorError, OSError) as err:
-        raise ValueError(f"{weights} is corrupt or not a safetensors file: {err}") from err
+    files = weights if isinstance(weights, list) else [Path(weights)]
+    weights = files[0] if len(files) == 1 else files[0].parent / WEIGHTS_INDEX
+    found = {}
+    for path in files:
+        try:
+            with safe_open(str(path), "pt") as fh:
+                found.update({k.removeprefix("vit."): tuple(fh.get_slice(k).get_shape()) for k in fh.keys()})
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"{path} is corrupt or not a safetensors file: {err}") from err
     missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
     shaped = [f"{k} {found[k]} (the config: {expected[k]})" for k in sorted(set(found) & set(expected))
               if found[k] != expected[k]]
@@ -375,11 +385,15 @@ def load_checkpoint(directory: str | Path, **overrides: Any) -> tuple[torch.nn.M
     config = read_config(directory)
     if "architecture" not in config:
         raise ValueError(f"{directory / CONFIG} has no 'architecture': not a timm/pape_hub checkpoint")
+    check_architecture(config, str(directory / CONFIG))
     check_checkpoint_config(config, str(directory / CONFIG))
-    weights = directory / WEIGHTS
-    if not weights.exists():
-        raise FileNotFoundError(f"{directory} has no {WEIGHTS}")
-    check_weights_shapes(config, weights, str(directory / CONFIG), **overrides)
+    try:  # how inputs are prepared: sizes within bounds, one positive std per channel
+        DataConfig.from_pretrained_cfg(config.get("pretrained_cfg") or {})
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{directory / CONFIG}: its pretrained_cfg (how inputs are prepared) is invalid: {err}"
+                         ) from err
+    files = weight_files(directory)  # model.safetensors, or the shards of a sharded save
+    check_weights_shapes(config, files, str(directory / CONFIG), **overrides)
     args = {**config.get("model_args", {}), **overrides}
     args.setdefault("num_classes", config.get("num_classes"))
     # the checkpoint's data config (its normalisation, input size, labels), not the registered name's defaults
@@ -388,8 +402,9 @@ def load_checkpoint(directory: str | Path, **overrides: Any) -> tuple[torch.nn.M
     if config.get("label_names"):
         overlay["label_names"] = list(config["label_names"])
     model = timm.create_model(config["architecture"], pretrained_cfg_overlay=overlay, **args)
+    weights = files[0] if len(files) == 1 else directory / WEIGHTS_INDEX
     try:
-        state = load_file(str(weights))
+        state = read_weights(files)
     except (SafetensorError, OSError) as err:
         raise ValueError(f"{weights} is corrupt or not a safetensors file: {err}") from err
     state = {k.removeprefix("vit."): v for k, v in state.items()}  # the transformers face's keys

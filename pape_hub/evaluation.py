@@ -13,12 +13,13 @@ import torch
 from timm.data import create_transform
 from torch.utils.data import DataLoader
 
-from .checkpoint import check_output_path, load_checkpoint, record_outputs
+from .checkpoint import atomic_write, check_output_path, load_checkpoint, record_outputs
 from .data import (
     DATASET_SPECS,
     GENERATED_TEST_SEED,
     VideoTransform,
     build_data,
+    describe_spec,
     generated_task,
     is_video_spec,
 )
@@ -128,7 +129,7 @@ def check_label_names(config: dict[str, Any], classes: list[str], dataset: str) 
 
 
 def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: list[int] | None = None,
-                        resolutions: list[int] | None = None, interpolation: str = "both", split: str = "test",
+                        resolutions: list[int] | None = None, interpolation: str = "both", split: str | None = None,
                         batch_size: int = 256, eval_size: int = 2000, patch_shuffle: bool | str = True,
                         clips: list[str | tuple[int, int]] | None = None, progress: bool = True) -> Evaluation:
     """Sweep one checkpoint. Arrow task: ``sizes`` are grid sizes; image datasets: ``resolutions`` in pixels;
@@ -145,7 +146,8 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
         sizes: grid sizes of a generated task (default: the task's sweep).
         resolutions: image sizes in pixels of an image dataset (default: the training size and 1.5x, 2x).
         interpolation: ``"both"``, ``"on"`` or ``"off"``: score with position interpolation, without, or both.
-        split: the dataset split to score (generated tasks: their test seed).
+        split: ``"test"`` or ``"validation"``; default the test split, or where the dataset has none its validation
+            split, said and recorded as such (generated tasks: their test seed).
         batch_size: images or clips per forward.
         eval_size: samples generated per size for a generated task.
         patch_shuffle: also score the training size with the patches permuted (a model that uses positions falls
@@ -169,8 +171,9 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
     trained_size = _trained_size(config, dataset, model.patch_embed.img_size[0])
     task = generated_task(dataset)
     rows: list[SweepRow] = []
+    scored: list[str] = []
     for size, loader in sweep_loaders(model, config, dataset, sizes, resolutions, clips, split, batch_size,
-                                      eval_size):
+                                      eval_size, scored):
         for interp in modes:
             if interp and size == trained_size and False in modes:
                 continue  # at the training size interpolation scales positions by 1: the same numbers again
@@ -180,15 +183,18 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
     unit = task.unit if task else "clip (frames x px)" if is_video_spec(dataset) else "image size (px)"
     return Evaluation(rows, checkpoint=str(checkpoint), architecture=config["architecture"],
                       label=config.get("position_encoding"), dataset=dataset, num_classes=model.num_classes,
-                      split=split if task is None else "generated test seed", sweep_unit=unit,
+                      split=(scored or [split])[0] if task is None else "generated test seed", sweep_unit=unit,
                       trained_at=trained_size, commit=git_commit())
 
 
 def sweep_loaders(model: torch.nn.Module, config: dict[str, Any], dataset: str, sizes: list[int] | None,
-                  resolutions: list[int] | None, clips: list[Any] | None, split: str, batch_size: int,
-                  eval_size: int) -> Iterable[tuple[Any, DataLoader]]:
+                  resolutions: list[int] | None, clips: list[Any] | None, split: str | None, batch_size: int,
+                  eval_size: int, scored: list[str] | None = None) -> Iterable[tuple[Any, DataLoader]]:
     """(size, loader) of each size of a sweep, normalised as the checkpoint was trained: a generated task at the
-    setting it was trained on (grids, or motion clips), video folders at ``clips``, images at ``resolutions``."""
+    setting it was trained on (grids, or motion clips), video folders at ``clips``, images at ``resolutions``.
+    The split scored (:func:`split_to_score`) is appended to ``scored``."""
+    scored = [] if scored is None else scored
+    scored.clear()
     native, channels = model.patch_embed.img_size[0], model.patch_embed.proj.in_channels
     mean, std = config["pretrained_cfg"]["mean"], config["pretrained_cfg"]["std"]  # what it was trained with
     task = generated_task(dataset)
@@ -209,8 +215,33 @@ def sweep_loaders(model: torch.nn.Module, config: dict[str, Any], dataset: str, 
         data = build_data(dataset, img_size=res, eval_transform=tf, train_transform=tf, channels=channels,
                           **({"num_frames": frames} if video else {}))
         check_label_names(config, data.classes, dataset)
-        ds = data.test if split == "test" and data.test is not None else data.val
+        if not scored:  # resolved once, on the first size's data
+            scored.append(split_to_score(split, data, dataset))
+        ds = data.test if scored[0] == "test" else data.val
         yield f"{frames}x{res}" if video else res, DataLoader(ds, batch_size=batch_size)
+
+
+#: what ``--split`` accepts: the test split, or the validation split (``val`` is the same)
+SPLITS = ("test", "validation", "val")
+
+
+def split_to_score(split: str | None, data: Any, dataset: str) -> str:
+    """``"test"`` or ``"validation"``: the split asked for, or without one the test split if the dataset has one,
+    else its validation split (said once). A test split asked for where there is none is refused by name: the
+    validation images chose the best epoch, so scoring them as "test" would be an optimistic number misnamed."""
+    if split not in (None, *SPLITS):
+        raise ValueError(f"--split {split!r} is not one of {', '.join(SPLITS)}")
+    if split in ("validation", "val"):
+        return "validation"
+    if data.test is not None:
+        return "test"
+    if split == "test":
+        raise ValueError(f"{describe_spec(dataset)} has no test split (an image folder needs root/test/<class>/ beside "
+                         "root/train/); pass --split validation to score the validation images, which chose the best "
+                         "epoch (an optimistic score, recorded as validation)")
+    print(f"note: {describe_spec(dataset)} has no test split; scoring its validation split, which chose the best "
+          "epoch (recorded as validation)", flush=True)
+    return "validation"
 
 
 def default_resolutions(native: int, patch: int) -> list[int]:
@@ -309,7 +340,7 @@ def plot_sweep_summary(results: list[Evaluation], path: str | Path, title: str =
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110, bbox_inches="tight", format="png")  # by content: a temporary name has no .png
 
 
 def save_evaluation(result: Evaluation, checkpoint: str | Path, output: str | Path | None = None
@@ -320,8 +351,9 @@ def save_evaluation(result: Evaluation, checkpoint: str | Path, output: str | Pa
 
     path = check_output_path(output) if output else Path(checkpoint) / EVALUATION_FILE
     plot = check_output_path(path.with_suffix(".png")) if output else Path(checkpoint) / PLOT_NAME
-    write_json(result.to_dict(), path)
-    plot_sweep_summary([result], plot, title=f"{result.architecture} ({result.label})")
+    # each through a temporary file and a rename: a full disk leaves the previous evaluation and plot whole
+    atomic_write(plot, lambda tmp: plot_sweep_summary([result], tmp, title=f"{result.architecture} ({result.label})"))
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(result.to_dict(), indent=2)))
     if not output:
         record_outputs(checkpoint, path.name, plot.name)  # a later save of the checkpoint may replace them
     return path, plot

@@ -30,8 +30,21 @@ PACKAGE = Path(__file__).resolve().parent
 
 
 def git_commit() -> str:
-    """The code version a record names: the short commit of the checkout (with ``+dirty`` for uncommitted changes
-    to the package)."""
+    """The code version a record names: the short commit of pape_hub's own checkout (with ``+dirty`` for
+    uncommitted changes to the package); an installed package, even one inside the user's own git project, names
+    its version instead (the user's commit says nothing about pape_hub's code)."""
+    checkout = PACKAGE.parent
+    try:
+        own = (checkout / ".git").exists() and 'name = "pape_hub"' in (checkout / "pyproject.toml").read_text()
+    except OSError:
+        own = False
+    if not own:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"pape_hub {version('pape_hub')}"
+        except PackageNotFoundError:
+            return "unknown"
     try:
         commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True, cwd=PACKAGE,
                                          stderr=subprocess.DEVNULL).strip()

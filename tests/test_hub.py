@@ -103,7 +103,7 @@ def test_repush_makes_a_new_commit_and_deletes_nothing_and_offline_cache_loads(h
     second = tiny_checkpoint(tmp_path / "v2", seed=1)
     done = client(hub, tmp_path, f"""
         from pape_hub.hub import push_checkpoint
-        push_checkpoint("{first}", "org/evolving")
+        push_checkpoint("{first}", "org/evolving", include=["extra_plot.png"])
         push_checkpoint("{second}", "org/evolving")
         import json, torch, timm, pape_hub
         model = timm.create_model("hf-hub:org/evolving", pretrained=True)  # fills the cache
@@ -111,7 +111,7 @@ def test_repush_makes_a_new_commit_and_deletes_nothing_and_offline_cache_loads(h
     """)
     assert done.stdout.strip().endswith("filled"), done.stderr[-3000:]
     assert len(hub.history("org/evolving", None)) == 2
-    assert "extra_plot.png" in hub.files("org/evolving")  # pushed by the first commit, kept by the second
+    assert "extra_plot.png" in hub.files("org/evolving")  # included by the first commit, kept by the second
     offline = client(hub, tmp_path, f"""
         import torch, timm, pape_hub
         from transformers import AutoModelForImageClassification

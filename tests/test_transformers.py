@@ -162,22 +162,28 @@ def test_one_folder_loads_from_both_faces(tmp_path):
 
 def test_image_processor_registered_and_saved(tmp_path):
     config = tiny_config("rope")
-    processor = image_processor_for(config)
-    processor.save_pretrained(tmp_path)
-    PapeViTForImageClassification(config).save_pretrained(tmp_path)  # config.json with timm's fields too
+    PapeViTForImageClassification(config).save_pretrained(tmp_path)  # config.json with timm's fields, the processor
     loaded = AutoImageProcessor.from_pretrained(tmp_path)
-    assert type(loaded).__name__ == "ViTImageProcessor" and loaded.size["height"] == 32 and loaded.resample == 3
+    # timm's eval transform step by step: the short side to size / crop_pct, the centre crop (the zoo's crop_pct)
+    crop_pct = timm.models.get_pretrained_cfg(config.timm_name()).crop_pct
+    assert type(loaded).__name__ == "BitImageProcessor" and loaded.crop_size["height"] == 32 and loaded.resample == 3
+    assert loaded.size == {"shortest_edge": int(32 / crop_pct)}
+    assert (image_processor_for(config).size, image_processor_for(config).crop_size) == (loaded.size, loaded.crop_size)
     saved = json.loads((tmp_path / "preprocessor_config.json").read_text())
     # transformers' own processor: every client loads it from a folder or a Hub id, with or without pape_hub, and
     # no remote-code pointer makes transformers' video fallback ask "run custom code? [y/N]" in image pipelines
-    assert saved["image_processor_type"] == "ViTImageProcessor" and "auto_map" not in saved
+    assert saved["image_processor_type"] == "BitImageProcessor" and "auto_map" not in saved
     model_config = json.loads((tmp_path / "config.json").read_text())
-    assert model_config["image_processor_type"] == "ViTImageProcessor"
+    assert model_config["image_processor_type"] == "BitImageProcessor"
     assert "AutoImageProcessor" not in model_config["auto_map"]
+    PapeViTForImageClassification(config).save_pretrained(tmp_path / "legacy")
     legacy = PapeViTImageProcessor(size={"height": 32, "width": 32})  # the name folders saved before 0.2 give
     legacy.save_pretrained(tmp_path / "legacy")
-    PapeViTForImageClassification(config).save_pretrained(tmp_path / "legacy")
-    assert type(AutoImageProcessor.from_pretrained(tmp_path / "legacy")).__name__ == "ViTImageProcessor"
+    legacy_config = json.loads((tmp_path / "legacy" / "config.json").read_text())
+    legacy_config["image_processor_type"] = "PapeViTImageProcessor"  # as such a folder's config.json named it
+    (tmp_path / "legacy" / "config.json").write_text(json.dumps(legacy_config))
+    assert type(AutoImageProcessor.from_pretrained(tmp_path / "legacy")).__name__ in ("ViTImageProcessor",
+                                                                                     "PapeViTImageProcessor")
 
 
 def test_pipelines_never_prompt_for_custom_code(tmp_path, monkeypatch):
@@ -226,7 +232,7 @@ def test_loads_without_pape_hub_via_remote_code(tmp_path):
         assert type(model).__module__.startswith("transformers_modules")
         assert AutoModel.from_pretrained(path, trust_remote_code=True)(x).pooler_output.shape == (2, 32)
         processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=True)
-        assert type(processor).__name__ == "ViTImageProcessor"
+        assert type(processor).__name__ == "BitImageProcessor"
         model.save_pretrained(path + "_again")  # a remote copy saves a loadable folder too
         again = AutoModelForImageClassification.from_pretrained(path + "_again", trust_remote_code=True).eval()
         with torch.no_grad():

@@ -10,7 +10,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 
@@ -19,24 +18,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repo-id", default=None, help="the repo the card's loading snippets name")
     parser.add_argument("--bench", default=None, help="a `python -m lab bench` JSON for the speed section")
     parser.add_argument("--output", default=None, help="write the card here (default CHECKPOINT/README.md)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a README.md that pape_hub did not "
+                        "generate (a card you wrote is otherwise left as it is, and the command stops)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..card import card_from_folder
-    from ..checkpoint import record_outputs
+    from ..card import card_from_folder, check_card_target, read_bench
+    from ..checkpoint import check_output_path, read_config, record_outputs
     from ..hub import check_checkpoint_dir
     from ..records import COMPARISON_FILE, EVALUATION_FILE, ComparisonContext, read_evaluation
 
     folder = Path(args.checkpoint)
     check_checkpoint_dir(folder)
+    # before anything is written: never over the checkpoint's own files, nor over a README the user wrote
+    check_card_target(check_output_path(args.output) if args.output else folder / "README.md", args.overwrite)
     if args.bench:  # the speed goes beside the evaluation, into the comparison context; eval.json stays as measured
         evaluation, comparison = read_evaluation(folder)
         if evaluation is None:
             raise FileNotFoundError(f"{folder / EVALUATION_FILE} is missing: run `pape-hub eval {folder}` first")
         comparison = comparison or ComparisonContext(seeds=[])
-        comparison.bench = json.loads(Path(args.bench).read_text())
+        bench = read_bench(Path(args.bench), str(read_config(folder)["position_encoding"]))  # whole, before writing
+        comparison.bench = bench
         comparison.write(folder)
         record_outputs(folder, COMPARISON_FILE)
-    path = card_from_folder(folder, repo_id=args.repo_id, path=args.output)
+    path = card_from_folder(folder, repo_id=args.repo_id, path=args.output, overwrite=args.overwrite)
     print(f"wrote {path}")
     return 0

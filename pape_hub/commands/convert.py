@@ -56,6 +56,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.source!r} is not a converted public checkpoint; one of: {', '.join(SOURCES)}")
     check_checkpoint_target(args.output, args.overwrite)  # before downloading anything
     kwargs = dict(args.set)  # describes the source's files too (a small test copy's size and head)
+    if kwargs:  # a --set the model cannot take is named before any download
+        try:
+            timm.create_model(args.source, device="meta", **kwargs)
+        except (TypeError, ValueError) as err:
+            given = " ".join(f"--set {k}={json.dumps(v)}" for k, v in args.set)
+            raise ValueError(f"{given}: not a constructor argument {args.source} takes ({err}); the arguments are "
+                             "timm's and pape_hub's VisionTransformer's, e.g. --set depth=2") from err
     model = timm.create_model(args.source, pretrained=True, pretrained_cfg_overlay=files_overlay(kwargs),
                               **kwargs).eval()
     check = None if args.no_verify else compare_with_source(model, args.source, **kwargs)

@@ -36,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(motion task: size in cells; default: the training clip, 2 more cells, 2 more time steps) or "
                         "16x224,32x224 (video folders: pixels; default: the training clip)")
     parser.add_argument("--interpolation", choices=["both", "on", "off"], default="both")
-    parser.add_argument("--split", choices=["test", "val"], default="test")
+    parser.add_argument("--split", choices=["test", "validation", "val"], default=None,
+                        help="the split to score (default: test; a dataset without one scores its validation split, "
+                        "and says so); --split test without a test split is refused")
     parser.add_argument("--eval-size", type=int, default=2000, help="arrow task: samples per grid size")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--patch-shuffle", choices=["trained", "all", "none"], default="trained",

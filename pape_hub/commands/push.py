@@ -1,7 +1,9 @@
 """One commit. The folder is what training writes (``OUTPUT/best``) or what ``pape_hub.save_checkpoint(model, folder)``
-writes for any registered model: weights (safetensors), ``config.json`` (both faces), the image processor config, the
-remote-code files, the results JSON, plots, and the model card (``README.md``; a card pape_hub generated is re-rendered
-for the repo id, one you wrote is left alone). The repo is created if needed; pushing again makes a new commit and
+writes for any registered model. A push sends exactly the files pape_hub wrote there (the folder's manifest): weights
+(safetensors, or the shards of a sharded save), ``config.json`` (both faces), the processor config, the remote-code
+files, the results JSON, the plot, and the model card (``README.md``; a card pape_hub generated is re-rendered for the
+repo id, one you wrote is left alone). Anything else in the folder stays local unless ``--include`` names it.
+The repo is created if needed; pushing again makes a new commit and
 deletes nothing. Token and endpoint come from the usual places (``HF_TOKEN`` / the saved login, ``HF_ENDPOINT``);
 ``python -m lab hub serve`` runs an endpoint on this machine.
 
@@ -21,6 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repo-id", required=True, help="namespace/name of the Hub repository")
     parser.add_argument("--private", action="store_true", help="create the repository as private")
     parser.add_argument("--message", default=None, help="commit message (default: names the model)")
+    parser.add_argument("--include", action="append", default=[], metavar="PATTERN",
+                        help="also upload the files matching this glob pattern, relative to the folder (repeatable; "
+                        "e.g. 'plots/*.png'). Without it a push sends exactly the checkpoint's own files: those "
+                        "pape_hub wrote there (its manifest), listed before the upload")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_checkpoint_dir(args.checkpoint)  # a broken folder is named before any network call
     check_push_target(args.repo_id)
-    url = push_checkpoint(args.checkpoint, args.repo_id, private=args.private, commit_message=args.message)
+    url = push_checkpoint(args.checkpoint, args.repo_id, private=args.private, commit_message=args.message,
+                          include=args.include)
     print(f"pushed {args.checkpoint} to {args.repo_id}: {url}")
     return 0

@@ -9,7 +9,7 @@ Examples:
         --model-kwargs '{"patch_size": 2, "in_chans": 1}' --output-dir outputs/digits_pape
     pape-hub train --model vivit_t16_rope --dataset motion --model-kwargs '{"tubelet_size": [2, 8, 8],
         "embed_dim": 96, "depth": 4, "num_heads": 4}' --train-size 4096 --output-dir outputs/motion_rope
-    accelerate launch scripts/train.py --model vit_s16_pape --dataset imagefolder:/data/imagenet --epochs 300
+    accelerate launch -m pape_hub_cli train --model vit_s16_pape --dataset imagefolder:/data/imagenet --epochs 300
 """
 
 from __future__ import annotations
@@ -49,12 +49,9 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     cfg = config_from_args(args)
     if args.dataset == "digits" and not args.quiet:
-        print(f"digits: {cfg.img_size} px, aug {cfg.aug!r}, model arguments {cfg.model_kwargs} (the digits input of "
-              "the README's table; --img-size, --aug and --model-kwargs change it), recipe "
-              f"{cfg.recipe!r}: {cfg.epochs} epochs at batch {cfg.batch_size}, lr {cfg.lr}. The table's models "
-              "(`python -m lab compare --dataset digits`: width 96, depth 4, 30 epochs at batch 64, lr 1e-3, warm-up "
-              "3) "
-              "pass 0.3 validation top-1 after 3 to 7 epochs (results/digits/summary.json)", flush=True)
+        print(f"digits: {cfg.img_size} px, aug {cfg.aug!r}, model arguments {cfg.model_kwargs} (what 8x8 digits need "
+              "to be learned at all; --img-size, --aug and --model-kwargs change it), recipe "
+              f"{cfg.recipe!r}: {cfg.epochs} epochs at batch {cfg.batch_size}, lr {cfg.lr}", flush=True)
     repo_id = None
     if args.push_to_hub:
         from ..hub import check_push_target

@@ -7,6 +7,7 @@ download), ``imagefolder:PATH``, ``hf:NAME`` (a Hugging Face dataset name or a `
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,12 +40,12 @@ __all__ = [
     "ArrowConfig", "ArrowDataset", "DATASET_SPECS", "DIGITS_INPUT", "DIRECTIONS", "DataBundle", "GENERATED_TASKS",
     "GENERATED_TEST_SEED", "GENERATED_VAL_SEED", "GeneratedTask", "MotionConfig", "MotionDataset",
     "TransformedDataset", "VIDEO_SPECS", "VideoTransform", "arrow_statistics", "build_data", "channel_statistics",
-    "check_splits", "describe_spec", "generated_task", "is_video_spec", "motion_statistics", "paper_setting",
-    "read_video", "stratified_split",
+    "check_splits", "data_fingerprint", "describe_spec", "generated_task", "is_video_spec", "motion_statistics",
+    "paper_setting", "read_video", "split_members", "stratified_split",
 ]
 
 DATASET_SPECS = "arrows | digits | imagefolder:PATH | hf:NAME | cifar:PATH | motion | videofolder:PATH"
-#: how digits are shown to a model here (the README's digits table): the 8x8 grey images at 16 px in 2-px patches,
+#: how digits are shown to a model here (the digits results): the 8x8 grey images at 16 px in 2-px patches,
 #: one channel, no augmentation (random crops, RandAugment and Mixup erase what an 8x8 digit holds)
 DIGITS_INPUT: dict[str, Any] = dict(img_size=16, aug="none", model_kwargs=dict(patch_size=2, in_chans=1))
 VIDEO_SPECS = ("motion", "videofolder")
@@ -114,31 +115,77 @@ def build_data(spec: str, *, img_size: int, seed: int = 0, val_fraction: float =
     if kind == "videofolder":
         if not arg:
             raise ValueError(f"dataset spec {spec!r} needs a path after the colon")
-        full, test, classes = load_videofolder(arg, num_frames)
-        train_idx, val_idx = stratified_split(full.labels, val_fraction, seed=0)
-        return DataBundle(subset(full.with_transform(train_transform, channels), train_idx),
-                          subset(full.with_transform(eval_transform, channels), val_idx),
-                          test.with_transform(eval_transform, channels) if test is not None else None, classes, False,
-                          dict(spec=describe_spec(spec), train=len(train_idx), val=len(val_idx),
-                               test=len(test) if test else 0, num_frames=num_frames), is_video=True)
+        full, val, test, classes = load_videofolder(arg, num_frames)
+        return _file_splits(spec, full, val, test, classes, val_fraction, train_transform, eval_transform, channels,
+                            natural_images=False, is_video=True, num_frames=num_frames)
     if kind == "digits":
         full, test, classes = load_digits()
+        val = None
     elif kind in ("imagefolder", "hf", "cifar"):
         if not arg:
             raise ValueError(f"dataset spec {spec!r} needs a path or name after the colon")
-        loaders = {"imagefolder": load_imagefolder, "cifar": load_cifar,
+        loaders = {"imagefolder": load_imagefolder, "cifar": lambda a: _no_validation(load_cifar(a)),
                    "hf": lambda a: load_hf(a, image_column=image_column, label_column=label_column)}
-        full, test, classes = loaders[kind](arg)
+        full, val, test, classes = loaders[kind](arg)
     else:
         raise ValueError(f"unknown dataset spec {spec!r}; use {DATASET_SPECS}")
-    train_idx, val_idx = stratified_split(full.labels, val_fraction, seed=0)
-    train = subset(full.with_transform(train_transform, channels), train_idx)
-    val = subset(full.with_transform(eval_transform, channels), val_idx)
-    test_ds = test.with_transform(eval_transform, channels) if test is not None else None
-    return DataBundle(train, val, test_ds, classes, True,
-                      dict(spec=describe_spec(spec), train=len(train_idx), val=len(val_idx),
-                           test=len(test) if test else 0))
+    return _file_splits(spec, full, val, test, classes, val_fraction, train_transform, eval_transform, channels)
 
+
+def _no_validation(splits: tuple[Any, Any, list[str]]) -> tuple[Any, None, Any, list[str]]:
+    """(train, test, classes) of a loader without a validation split -> (train, None, test, classes)."""
+    train, test, classes = splits
+    return train, None, test, classes
+
+
+def _file_splits(spec: str, full: Any, held_out: Any, test: Any, classes: list[str], val_fraction: float,
+                 train_transform: Any, eval_transform: Any, channels: int, natural_images: bool = True,
+                 is_video: bool = False, **facts: Any) -> DataBundle:
+    """The splits of a dataset read from files: its own validation split (a ``validation/`` or ``val/`` folder, a
+    ``validation`` split) if it has one, else a stratified ``val_fraction`` cut of the training split; the test
+    split as it is (None without one). ``description`` says where the validation images came from."""
+    if held_out is not None:
+        train = full.with_transform(train_transform, channels)
+        val = held_out.with_transform(eval_transform, channels)
+        sizes, origin = dict(train=len(full), val=len(held_out)), "its own validation split"
+    else:
+        train_idx, val_idx = stratified_split(full.labels, val_fraction, seed=0)
+        train = subset(full.with_transform(train_transform, channels), train_idx)
+        val = subset(full.with_transform(eval_transform, channels), val_idx)
+        sizes, origin = dict(train=len(train_idx), val=len(val_idx)), f"a {val_fraction:g} cut of the training split"
+    test_ds = test.with_transform(eval_transform, channels) if test is not None else None
+    return DataBundle(train, val, test_ds, classes, natural_images,
+                      dict(spec=describe_spec(spec), **sizes, test=len(test) if test else 0, val_from=origin, **facts),
+                      is_video=is_video)
+
+
+def split_members(split: Dataset | None) -> list[str]:
+    """What a split holds, one line per sample: its file as ``class folder/name`` and label where it has files (so a
+    moved dataset folder is the same data), else its index and label; generated splits: nothing (their description
+    says all)."""
+    if split is None:
+        return []
+    base, indices = (split.dataset, list(split.indices)) if isinstance(split, Subset) else (split, None)
+    if not isinstance(base, TransformedDataset):
+        return []
+    indices = range(len(base)) if indices is None else indices
+    labels = base.labels if base.labels is not None else [None] * len(base)
+    if base.source is None:
+        return [f"{i}\t{labels[i]}" for i in indices]
+    return [f"{'/'.join(Path(base.source(i)).parts[-2:])}\t{labels[i]}" for i in indices]
+
+
+def data_fingerprint(data: DataBundle) -> dict[str, Any]:
+    """A record of which samples are in which split (sizes and a hash of the members), which a resumed run compares:
+    images added to a folder would re-cut the validation split, so that trained-on images were validated on."""
+    import hashlib
+
+    record: dict[str, Any] = {"description": json.loads(json.dumps(data.description, default=str))}
+    for name, split in (("train", data.train), ("val", data.val), ("test", data.test)):
+        members = split_members(split)
+        record[name] = dict(count=0 if split is None else len(split),
+                            sha256=hashlib.sha256("\n".join(members).encode()).hexdigest())
+    return record
 
 
 def check_splits(data: DataBundle) -> None:

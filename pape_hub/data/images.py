@@ -12,14 +12,15 @@ from __future__ import annotations
 import pickle
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 from torch.utils.data import Dataset, Subset
 
 __all__ = [
-    "TransformedDataset", "channel_statistics", "check_readable", "load_cifar", "load_digits", "load_hf",
+    "FolderSplits", "LAYOUTS", "TransformedDataset", "channel_statistics", "check_readable", "class_folder_splits",
+    "load_cifar", "load_digits", "load_hf",
     "load_imagefolder", "scan_class_folders", "stratified_split", "walk_files",
 ]
 
@@ -93,7 +94,12 @@ WIDE_MODES = {"I;16": 65535, "I;16L": 65535, "I;16B": 65535, "I;16N": 65535, "I"
 def to_8bit(image: Image.Image) -> Image.Image:
     """16-bit (and 32-bit integer) grey images scaled to 8 bits. Pillow's ``convert("L")`` / ``"RGB"`` clips them
     instead (a 16-bit PNG becomes almost all white). 32-bit "I" images are read as 16-bit data, what PNG and TIFF
-    loaders give for 16-bit files; 8-bit and float images are left to ``convert``."""
+    loaders give for 16-bit files. 32-bit float ("F") images hold intensities in [0, 1] (scaled by 255; Pillow would
+    make them black) or, where they exceed 1, in 0-255 (clipped); 8-bit images are left to ``convert``."""
+    if image.mode == "F":
+        values = np.nan_to_num(np.asarray(image, dtype=np.float64), nan=0.0)
+        scale = 255.0 if values.size and values.max() <= 1.0 else 1.0
+        return Image.fromarray(np.clip(np.rint(values * scale), 0, 255).astype(np.uint8), mode="L")
     top = WIDE_MODES.get(image.mode)
     if top is None:
         return image
@@ -102,12 +108,15 @@ def to_8bit(image: Image.Image) -> Image.Image:
 
 
 def open_image(path: str | Path) -> Image.Image:
-    """An image file in its own mode (torchvision's loader converts to RGB first, which clips 16-bit images); a
-    truncated file, a decompression bomb or a file that is no image raises one error naming the file."""
+    """An image file in its own mode (torchvision's loader converts to RGB first, which clips 16-bit images), turned
+    upright by its EXIF orientation; a truncated file, a decompression bomb or a file that is no image raises one
+    error naming the file."""
     try:
         with open(path, "rb") as fh:
             image = Image.open(fh)
             image.load()
+            # the camera's orientation, as transformers' pipeline (and every viewer) applies it
+            image = ImageOps.exif_transpose(image)
     except UNREADABLE as err:
         raise ValueError(f"cannot read image {path}: {type(err).__name__}: {err}") from err
     return image
@@ -161,16 +170,38 @@ def subset(ds: TransformedDataset, indices: list[int]) -> Subset:
     return sub
 
 
-def class_folder_splits(root: str | Path, what: str, item: str) -> tuple[Path, Path | None]:
-    """(training folder, test folder or None) of a dataset of class folders: ``root/<class>/*``, or
-    ``root/train/<class>/*`` with optionally ``root/test`` (or ``root/val``) beside it."""
+#: the folder names of the held-out splits beside ``train/``: validation (timm's ``--val-split``, ``datasets``'
+#: imagefolder) and test
+VALIDATION_FOLDERS, TEST_FOLDERS = ("validation", "val"), ("test",)
+#: marks of pape_hub's own output folders: a class folder holding one is a run or checkpoint, not images of a class
+OUTPUT_MARKS = (".pape_hub_run.json", ".pape_hub_checkpoint.json", ".pape_hub.lock")
+LAYOUTS = ("root/<class>/<file> (validation cut from it), or root/train/<class>/<file> with optionally "
+           "root/validation/<class>/ (or val/) and root/test/<class>/ beside it")
+
+
+class FolderSplits(NamedTuple):
+    """The split folders of a dataset of class folders: training, and the held-out validation and test folders
+    (None: not there)."""
+
+    train: Path
+    validation: Path | None
+    test: Path | None
+
+
+def class_folder_splits(root: str | Path, what: str, item: str) -> FolderSplits:
+    """The split folders of a dataset of class folders: ``root/<class>/*``, or ``root/train/<class>/*`` with
+    optionally ``root/validation`` (or ``root/val``) and ``root/test`` beside it."""
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"{what} {root} does not exist (expected root/<class>/<{item}> or "
-                                f"root/train/<class>/<{item}>)")
-    train_dir = root / "train" if (root / "train").is_dir() else root
-    test_dir = next((root / d for d in ("test", "val") if (root / d).is_dir() and train_dir != root), None)
-    return train_dir, test_dir
+        raise FileNotFoundError(f"{what} {root} does not exist (expected {LAYOUTS.replace('<file>', f'<{item}>')})")
+    if not (root / "train").is_dir():
+        return FolderSplits(root, None, None)
+    held_out = [root / d for d in VALIDATION_FOLDERS if (root / d).is_dir()]
+    if len(held_out) > 1:
+        raise ValueError(f"{root} has both validation/ and val/; keep one validation folder (the other's images would "
+                         "be silently ignored)")
+    test = root / TEST_FOLDERS[0]
+    return FolderSplits(root / "train", held_out[0] if held_out else None, test if test.is_dir() else None)
 
 
 def walk_files(folder: Path, suffixes: tuple[str, ...], seen_dirs: set[Path], seen_files: dict[Path, Path]
@@ -204,43 +235,54 @@ def scan_class_folders(folder: Path, suffixes: tuple[str, ...], item: str, class
                                                                                         list[str]]:
     """(files, labels, classes) of ``folder/<class>/...``; ``classes``: the training split's, which a test split must
     have too; ``seen``: folders and files already scanned (the other split's), never scanned twice."""
-    found = sorted(d.name for d in folder.iterdir() if d.is_dir())
+    # hidden folders (.ipynb_checkpoints, .git) are no classes, as torchvision's ImageFolder skips them
+    found = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
+    outputs = [name for name in found if any((folder / name / mark).exists() for mark in OUTPUT_MARKS)]
+    if outputs:
+        raise ValueError(f"{folder / outputs[0]} is a pape_hub output folder (a run or checkpoint), not a class of "
+                         "images: move it out of the dataset, and write runs elsewhere (--output-dir)")
     classes = classes or found
     if not classes or found != classes:
-        raise FileNotFoundError(f"{folder} must hold one folder per class ({classes or 'none found'}), got {found}")
+        raise FileNotFoundError(f"{folder} must hold one folder per class ({classes or 'none found'}), got {found}; "
+                                f"the layouts read: {LAYOUTS}")
     seen_dirs, seen_files = seen if seen is not None else (set(), {})
     files, labels = [], []
     for label, name in enumerate(classes):
         members = walk_files(folder / name, suffixes, seen_dirs, seen_files)
+        if not members:  # torchvision's ImageFolder refuses such a class too
+            raise FileNotFoundError(f"class folder {folder / name} holds no {item} files ({', '.join(suffixes)}): "
+                                    "add some, or remove the folder (an empty class can never be predicted)")
         files += members
         labels += [label] * len(members)
-    if not files:
-        raise FileNotFoundError(f"no {item} files ({', '.join(suffixes)}) in the class folders of {folder}")
     return files, labels, classes
 
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # torchvision's
 
 
-def load_imagefolder(root: str | Path) -> tuple[TransformedDataset, TransformedDataset | None, list[str]]:
-    """``root/train/<class>/*`` (and optionally ``root/test|val/<class>/*``), or ``root/<class>/*``."""
-    train_dir, test_dir = class_folder_splits(root, "image folder", "image")
+def load_imagefolder(root: str | Path) -> tuple[TransformedDataset, TransformedDataset | None,
+                                               TransformedDataset | None, list[str]]:
+    """(train, validation or None, test or None, classes) of ``root/<class>/*``, or ``root/train/<class>/*`` with
+    optionally ``root/validation|val/<class>/*`` and ``root/test/<class>/*``."""
+    splits = class_folder_splits(root, "image folder", "image")
     seen: tuple[set[Path], dict[Path, Path]] = (set(), {})  # one image is in one split only
 
-    def wrap(folder: Path, classes: list[str] | None = None) -> TransformedDataset:
+    def wrap(folder: Path | None, classes: list[str] | None = None) -> TransformedDataset | None:
+        if folder is None:
+            return None
         files, labels, classes = scan_class_folders(folder, IMAGE_SUFFIXES, "image", classes, seen)
         return TransformedDataset(len(files), lambda i: (open_image(files[i]), labels[i]), classes, labels=labels,
                                   source=lambda i: str(files[i]))
 
-    train = wrap(train_dir)
-    test = wrap(test_dir, train.classes) if test_dir else None
-    return train, test, train.classes
+    train = wrap(splits.train)
+    return train, wrap(splits.validation, train.classes), wrap(splits.test, train.classes), train.classes
 
 
 def load_hf(name: str, image_column: str = "image", label_column: str = "label", train_split: str = "train",
-            test_split: str = "test", config: str | None = None
-            ) -> tuple[TransformedDataset, TransformedDataset | None, list[str]]:
-    """A Hugging Face dataset (hub name or local path) with an image and a label column."""
+            test_split: str = "test", config: str | None = None, validation_split: str = "validation"
+            ) -> tuple[TransformedDataset, TransformedDataset | None, TransformedDataset | None, list[str]]:
+    """A Hugging Face dataset (hub name or local path) with an image and a label column: (train, validation or
+    None, test or None, classes)."""
     import datasets
 
     data = datasets.load_dataset(name, config) if not Path(name).exists() else datasets.load_from_disk(name)
@@ -266,7 +308,8 @@ def load_hf(name: str, image_column: str = "image", label_column: str = "label",
         labels = list(raw) if to_index is None else [to_index(v) for v in raw]
         return TransformedDataset(len(ds), lambda i: (ds[i][image_column], labels[i]), classes, labels=labels)
 
-    return wrap(train_split), (wrap(test_split) if test_split in data else None), classes
+    return (wrap(train_split), wrap(validation_split) if validation_split in data else None,
+            wrap(test_split) if test_split in data else None, classes)
 
 
 class CifarUnpickler(pickle.Unpickler):

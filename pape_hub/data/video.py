@@ -116,6 +116,20 @@ def motion_statistics(config: MotionConfig) -> tuple[float, float]:
     return pixel_statistics(MotionDataset, config)
 
 
+def check_frame_size(stream: Any, path: str | Path) -> None:
+    """Refuse a video whose frames are larger than Pillow's pixel limit (``PIL.Image.MAX_IMAGE_PIXELS``, what every
+    image obeys here), before any frame is decoded: a small file can hold one huge frame, which stacked for a clip
+    would ask for gigabytes."""
+    from PIL import Image
+
+    width, height = stream.codec_context.width or 0, stream.codec_context.height or 0
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and width * height > limit:
+        raise ValueError(f"video {path} has {width}x{height} frames ({width * height:,} pixels), over the limit of "
+                         f"{limit:,} pixels a frame (Pillow's MAX_IMAGE_PIXELS, as for images); downscale the video, "
+                         "or raise PIL.Image.MAX_IMAGE_PIXELS if it is trusted")
+
+
 def read_video(path: str | Path, num_frames: int) -> np.ndarray:
     """``num_frames`` RGB frames (T, H, W, 3) uint8 sampled evenly over a video file (repeating frames of a
     shorter clip). Frames are decoded as a stream and only the sampled ones are kept, so memory is that of the clip,
@@ -124,6 +138,7 @@ def read_video(path: str | Path, num_frames: int) -> np.ndarray:
 
     try:
         with av.open(str(path)) as container:
+            check_frame_size(container.streams.video[0], path)
             total = container.streams.video[0].frames or sum(1 for _ in container.decode(video=0))
         if total == 0:
             raise ValueError(f"video {path} has no frames")
@@ -190,7 +205,7 @@ class VideoFolderDataset(TransformedDataset):
 
         try:
             with av.open(str(self.files[index])) as container:
-                container.streams.video[0]
+                check_frame_size(container.streams.video[0], self.files[index])
         except (av.error.FFmpegError, OSError, IndexError) as err:
             raise ValueError(f"cannot decode video {self.files[index]}: {err}") from err
 
@@ -200,15 +215,18 @@ class VideoFolderDataset(TransformedDataset):
 
 
 def load_videofolder(root: str | Path, num_frames: int
-                     ) -> tuple[VideoFolderDataset, VideoFolderDataset | None, list[str]]:
-    """``root/<class>/<clip>`` (or ``root/train/<class>/...`` and optionally ``root/test|val/...``); links to
-    folders are followed once (see :func:`~pape_hub.data.images.walk_files`)."""
-    train_dir, test_dir = class_folder_splits(root, "video folder", "clip.mp4")
+                     ) -> tuple[VideoFolderDataset, VideoFolderDataset | None, VideoFolderDataset | None, list[str]]:
+    """(train, validation or None, test or None, classes) of ``root/<class>/<clip>`` (or ``root/train/<class>/...``
+    and optionally ``root/validation|val/...`` and ``root/test/...``); links to folders are followed once (see
+    :func:`~pape_hub.data.images.walk_files`)."""
+    splits = class_folder_splits(root, "video folder", "clip.mp4")
     seen: tuple[set[Path], dict[Path, Path]] = (set(), {})  # one clip is in one split only
 
-    def scan(folder: Path, classes: list[str] | None = None) -> VideoFolderDataset:
+    def scan(folder: Path | None, classes: list[str] | None = None) -> VideoFolderDataset | None:
+        if folder is None:
+            return None
         files, labels, classes = scan_class_folders(folder, VIDEO_SUFFIXES, "video", classes, seen)
         return VideoFolderDataset(files, labels, classes, num_frames)
 
-    train = scan(train_dir)
-    return train, (scan(test_dir, train.classes) if test_dir else None), train.classes
+    train = scan(splits.train)
+    return train, scan(splits.validation, train.classes), scan(splits.test, train.classes), train.classes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from timm.layers import is_exporting, resample_abs_pos_embed, trunc_normal_
 from torch import nn
@@ -66,11 +68,41 @@ class LearnedAbsolute(PositionEncoding):
         trunc_normal_(self.pos_embed, std=self.init_std)
 
     def add_to_tokens(self, x: torch.Tensor, pos: TokenPositions) -> torch.Tensor:
+        if pos.per_sample:
+            return x + self.per_token_table(pos).to(x.dtype)
         grid = self.require_grid(pos, "ape")
         table = resample_table(self.pos_embed, grid, self.ctx.grid_size, self.table_prefix)
         if self.table_prefix != self.ctx.num_prefix_tokens:  # (1, N, D) -> (1, P+N, D): zero rows for the prefix
             table = nn.functional.pad(table, (0, 0, self.ctx.num_prefix_tokens - self.table_prefix, 0))
         return x + table.to(x.dtype)
+
+    def per_token_table(self, pos: TokenPositions) -> torch.Tensor:
+        """(B, P+N, D): each token's row of the table resampled to its sample's grid (the highest patch index + 1
+        per axis), read at the token's cell, as timm's NaFlexEmbeds does (one resampling per distinct grid size);
+        prefix tokens their own rows. The table is a grid of cells, so coordinates must be whole patch indices."""
+        index = pos.coords / pos.axis_scale
+        cells = index.round()
+        valid = pos.valid if pos.valid is not None else torch.ones(index.shape[:2], dtype=torch.bool,
+                                                                   device=index.device)
+        if ((index - cells).abs() > 1e-4)[valid].any() or (cells < 0)[valid].any():
+            raise ValueError(f"{self.name or 'ape'} reads a learned table of grid cells, so per-token coordinates must "
+                             "be whole, non-negative patch indices (timm's patch_coord); free coordinates fall "
+                             "between its cells")
+        cells = cells.long().masked_fill(~valid[..., None], 0)  # (B, N, p), coordinate order
+        sizes = pos.sample_grid_sizes()  # (B, p), coordinate order
+        x_rows = self.pos_embed.new_zeros(cells.shape[0], cells.shape[1], self.ctx.dim)
+        for size in torch.unique(sizes, dim=0):  # one resampling per distinct grid size
+            grid = tuple(int(v) for v in size.flip(0))  # grid order (H, W) / (T, H, W)
+            table = resample_table(self.pos_embed, grid, self.ctx.grid_size, self.table_prefix)
+            rows = table[0, self.table_prefix:]  # (prod(grid), D), row-major
+            strides = torch.tensor([math.prod(grid[d + 1:]) for d in range(len(grid))], device=cells.device)
+            flat = (cells.flip(-1) * strides).sum(-1).clamp(max=rows.shape[0] - 1)  # (B, N)
+            mine = (sizes == size).all(-1)  # (B,) the samples of this size
+            x_rows = torch.where(mine[:, None, None], rows[flat], x_rows)
+        out = x_rows.masked_fill(~valid[..., None], 0.0)  # padding gets nothing
+        prefix = self.pos_embed[:, : self.table_prefix].expand(out.shape[0], -1, -1)
+        missing = self.ctx.num_prefix_tokens - self.table_prefix  # prefix tokens without a row of their own: zeros
+        return torch.cat([prefix, out.new_zeros(out.shape[0], missing, out.shape[-1]), out], dim=1)
 
     def set_grid_size(self, grid_size: tuple[int, ...], old_grid_size: tuple[int, ...]) -> None:
         resampled = resample_table(self.pos_embed.data, grid_size, old_grid_size, self.table_prefix)
@@ -102,18 +134,18 @@ class AddsLearnedTable:
 
 
 def sincos_embedding(coords: torch.Tensor, dim: int, temperature: float = 10000.0) -> torch.Tensor:
-    """nD sin-cos of ``coords`` (N, p) -> (N, dim), in float32.
+    """nD sin-cos of ``coords`` (..., N, p) -> (..., N, dim), in float32.
 
     MAE's convention: ``dim // (2p)`` frequencies ``1 / T^(k / F)`` per axis, each axis laid out
     ``[sin | cos]``, axes in coordinate order ``[x, y(, t)]``; any remainder of ``dim`` is zero.
     """
-    n, p = coords.shape
+    p = coords.shape[-1]
     num_freqs = dim // (2 * p)
     if num_freqs == 0:
         raise ValueError(f"sincos needs embed dim >= {2 * p} for {p}-D positions, got {dim}")
     omega = 1.0 / temperature ** (torch.arange(num_freqs, dtype=torch.float32, device=coords.device) / num_freqs)
-    phase = coords.float()[:, :, None] * omega  # (N, p, F)
-    emb = torch.cat([phase.sin(), phase.cos()], dim=-1).reshape(n, 2 * p * num_freqs)  # per axis [sin | cos]
+    phase = coords.float()[..., None] * omega  # (..., N, p, F)
+    emb = torch.cat([phase.sin(), phase.cos()], dim=-1).flatten(-2)  # (..., N, 2 p F): per axis [sin | cos]
     return nn.functional.pad(emb, (0, dim - emb.shape[-1]))
 
 
@@ -135,7 +167,7 @@ class SinCos(PositionEncoding):
 
     def prepare_table(self, pos: TokenPositions) -> torch.Tensor:
         def build() -> torch.Tensor:
-            emb = sincos_embedding(pos.coords, self.ctx.dim, self.temperature)  # (N, D)
+            emb = sincos_embedding(pos.coords, self.ctx.dim, self.temperature)  # (N, D) or (B, N, D)
             return nn.functional.pad(emb, (0, 0, pos.num_prefix_tokens, 0))  # CLS rows are zero
 
         return self.cached(pos.cache_key(), build)

@@ -36,9 +36,9 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 
 
 def pairwise_distance(coords: torch.Tensor) -> torch.Tensor:
-    """(N, p) -> (N, N) Euclidean distances, float32."""
+    """(..., N, p) -> (..., N, N) Euclidean distances, float32."""
     c = coords.to(compute_dtype(coords))
-    return (c[:, None, :] - c[None, :, :]).norm(dim=-1)
+    return (c[..., :, None, :] - c[..., None, :, :]).norm(dim=-1)
 
 
 @register_encoding("alibi")
@@ -68,8 +68,8 @@ class ALiBi(PositionEncoding):
         self.slopes.copy_(alibi_slopes(self.ctx.num_heads) * self.slope_scale)
 
     def bias(self, coords: torch.Tensor) -> torch.Tensor:
-        """(N, p) -> (heads, N, N) for the patch tokens."""
-        dist = pairwise_distance(coords)
+        """(N, p) -> (heads, N, N) for the patch tokens; (B, N, p) per sample -> (B, heads, N, N)."""
+        dist = pairwise_distance(coords)[..., None, :, :]  # (..., 1, N, N)
         return -self.slopes.to(dist.dtype)[:, None, None] * dist
 
     def prepare(self, pos: TokenPositions) -> torch.Tensor:
@@ -186,14 +186,16 @@ class LookHere(PositionEncoding):
         self.layer_slopes.copy_(torch.linspace(*self.layer_slope_range, self.ctx.depth))
 
     def base_bias(self, coords: torch.Tensor) -> torch.Tensor:
-        """(N, 2) -> (heads, N, N): -global * head slope * distance, -inf outside each head's view."""
+        """(N, 2) -> (heads, N, N): -global * head slope * distance, -inf outside each head's view; (B, N, 2) per
+        sample -> (B, heads, N, N). The views read each pair's offset, so they follow the coordinates, not the
+        token order."""
         c = coords.to(compute_dtype(coords))
-        dx = c[None, :, 0] - c[:, None, 0]  # (N, N): key x - query x
-        dy = c[None, :, 1] - c[:, None, 1]
+        dx = c[..., None, :, 0] - c[..., :, None, 0]  # (..., N, N): key x - query x
+        dy = c[..., None, :, 1] - c[..., :, None, 1]
         slopes = self.head_slopes.to(c.dtype) if not self.bias_rounding else torch.tensor(  # float64, unrounded
             [self.global_slope * head_slope(v, i) for v, i in self.heads], dtype=c.dtype, device=c.device)
-        bias = -slopes[:, None, None] * pairwise_distance(c)
-        visible = torch.stack([_VIEWS[v](dx, dy) for v in self.views])
+        bias = -slopes[:, None, None] * pairwise_distance(c)[..., None, :, :]
+        visible = torch.stack([_VIEWS[v](dx, dy) for v in self.views], dim=-3)  # (..., heads, N, N)
         return bias.masked_fill(~visible, float("-inf"))
 
     def prepare(self, pos: TokenPositions) -> torch.Tensor:
@@ -201,6 +203,7 @@ class LookHere(PositionEncoding):
         return self.cached(pos.cache_key(), lambda: pad_prefix_bias(self.base_bias(coords), pos.num_prefix_tokens))
 
     def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor:
+        """(heads, P+N, P+N), or (B, heads, P+N, P+N) per sample: this layer's slope times the grid's bias."""
         if not self.bias_rounding:
             return state * self.layer_slopes[layer]
         # the layer's bias in float64 (its slope as numpy's linspace computes it, not the float32 buffer), then

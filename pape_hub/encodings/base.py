@@ -13,11 +13,17 @@ Positions
 ---------
 Every encoding receives a :class:`TokenPositions`: the coordinates of the patch tokens in patch units,
 axis order ``(x, y)`` for images (``x`` = column, grows to the right; ``y`` = row, grows downwards) and
-``(x, y, t)`` for video, origin ``0`` at the first patch, tokens in row-major order (the order of
-``PatchEmbed``'s flatten). Prefix tokens (CLS) come first in the sequence and have no coordinates; each
-encoding documents what it does with them. Video time steps are ``temporal_scale`` patches long (default 1). With
-position interpolation the coordinates are multiplied by ``train grid / test grid`` per axis (PaPE appendix B);
-``scale`` records the per-axis step (time unit x interpolation factor).
+``(x, y, t)`` for video, origin ``0`` at the first patch. Prefix tokens (CLS) come first in the sequence and have
+no coordinates; each encoding documents what it does with them. Video time steps are ``temporal_scale`` patches long
+(default 1). With position interpolation the coordinates are multiplied by ``train grid / test grid`` per axis (PaPE
+appendix B); ``scale`` records the per-axis step (time unit x interpolation factor).
+
+Two forms. A full grid shared by the batch (``coords`` (N, p), tokens in row-major order, the order of
+``PatchEmbed``'s flatten; ``grid_size`` set): the fast path, cached across forwards. Or per token (``coords``
+(B, N, p)): each sample's tokens at their own coordinates, in any order, with ``valid`` (B, N) marking padding
+(timm's NaFlex batches, dropped tokens) and ``segments`` (B, N) the image each token belongs to in a packed row.
+Every encoding follows each token's coordinates, never its index: a shuffled sample gives the same outputs, a
+padded one its own, a packed row each image's own.
 """
 
 from __future__ import annotations
@@ -58,12 +64,14 @@ class EncodingContext:
 
 @dataclass(frozen=True)
 class TokenPositions:
-    """Coordinates of the patch tokens of one input (shared by the whole batch)."""
+    """Coordinates of the patch tokens: shared by the batch (a grid), or per sample (per token)."""
 
-    coords: torch.Tensor  # (N, p) float32, patch units, axis order (x, y[, t])
+    coords: torch.Tensor  # (N, p) shared or (B, N, p) per sample; float, patch units, axis order (x, y[, t])
     num_prefix_tokens: int
-    grid_size: tuple[int, ...] | None = None  # (H, W) / (T, H, W); None for free-form coordinates
+    grid_size: tuple[int, ...] | None = None  # (H, W) / (T, H, W) of a shared grid; None otherwise
     scale: tuple[float, ...] | None = None  # per-axis grid step (unit x interpolation factor), coords' axis order
+    valid: torch.Tensor | None = None  # (B, N) bool, False for padding (per-sample form only); None: all valid
+    segments: torch.Tensor | None = None  # (B, N) int: which image of a packed row a token is; None: one image
 
     @property
     def ndim(self) -> int:
@@ -71,7 +79,12 @@ class TokenPositions:
 
     @property
     def num_patches(self) -> int:
-        return self.coords.shape[0]
+        return self.coords.shape[-2]
+
+    @property
+    def per_sample(self) -> bool:
+        """True for per-token coordinates (B, N, p), False for a grid shared by the batch."""
+        return self.coords.ndim == 3
 
     @property
     def axis_scale(self) -> torch.Tensor:
@@ -80,10 +93,49 @@ class TokenPositions:
         return torch.tensor(scale, dtype=self.coords.dtype, device=self.coords.device)
 
     def cache_key(self) -> tuple | None:
-        """A hashable key for content-independent caches; None for free-form coordinates."""
-        if self.grid_size is None:
+        """A hashable key for content-independent caches; None for per-token coordinates (they change with every
+        batch)."""
+        if self.grid_size is None or self.per_sample:
             return None
         return (self.grid_size, self.scale, self.num_prefix_tokens, self.coords.device, self.coords.dtype)
+
+    def sample_coords(self) -> torch.Tensor:
+        """(B', N, p) with B' = 1 for a shared grid: one form every encoding computes with (broadcast over B)."""
+        return self.coords if self.per_sample else self.coords[None]
+
+    def extent(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(lowest, highest) coordinate per sample and axis over the valid tokens, each (B', p): a padded token's
+        coordinate counts for nothing."""
+        coords = self.sample_coords()
+        if self.valid is None:
+            return coords.amin(-2), coords.amax(-2)
+        hidden = (~self.valid)[..., None]
+        big = torch.finfo(coords.dtype).max
+        return coords.masked_fill(hidden, big).amin(-2), coords.masked_fill(hidden, -big).amax(-2)
+
+    def sample_grid_sizes(self) -> torch.Tensor:
+        """(B', p) grid extent per sample (highest index + 1) of whole-patch coordinates, in coordinate axis
+        order (W, H[, T]), as timm's NaFlex computes each sample's grid from its coordinates."""
+        low, high = self.extent()
+        return (high / self.axis_scale).round().long() + 1
+
+    def attention_mask(self) -> torch.Tensor | None:
+        """Which keys each query may attend, as ``F.scaled_dot_product_attention`` takes a boolean mask: (B, 1, 1,
+        P+N) keys only, for padding; (B, 1, P+N, P+N) block-diagonal for a packed row (an image's tokens see that
+        image's only); None when every token sees every token. Prefix tokens are always valid. A padded query keeps
+        attending to the valid keys, or in a packed row to itself, so that no row is empty (its output is dropped)."""
+        if self.valid is None and self.segments is None:
+            return None
+        batch, prefix = self.coords.shape[0], self.num_prefix_tokens
+        patches = self.valid if self.valid is not None else torch.ones(
+            batch, self.num_patches, dtype=torch.bool, device=self.coords.device)
+        valid = F.pad(patches, (prefix, 0), value=True)  # (B, P+N)
+        if self.segments is None:
+            return valid[:, None, None, :]
+        segments = F.pad(self.segments, (prefix, 0), value=-1)  # (B, P+N)
+        same = (segments[:, :, None] == segments[:, None, :]) & valid[:, None, :]  # (B, query, key)
+        itself = torch.eye(segments.shape[1], dtype=torch.bool, device=segments.device)
+        return (same | itself)[:, None]
 
 
 def grid_positions(
@@ -146,7 +198,7 @@ def pad_prefix_bias(bias: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
 class PositionEncoding(nn.Module):
     """Base class: every hook is the identity, an encoding overrides the hooks of its mechanisms.
 
-    Subclasses set the class attributes below; the README's encoding table is generated from them.
+    Subclasses set the class attributes below; the documentation's encoding table is generated from them.
     """
 
     name: ClassVar[str] = ""
@@ -216,7 +268,8 @@ class PositionEncoding(nn.Module):
     def cached(self, key: Any, build: Callable[[], Any], depends_on_params: bool = False) -> Any:
         """Build once per key. The key carries the version counters of the encoding's parameters and buffers, so
         an optimizer step or a weight load (which writes them in place) invalidates the entry. State built from
-        learned parameters (``depends_on_params``) is not cached while gradients can flow into them."""
+        learned parameters (``depends_on_params``) is not cached while gradients can flow into them. A key of None
+        (per-token coordinates, which change with every batch) builds every time."""
         if key is None or torch.compiler.is_compiling():  # compiled graphs fold the build in; no Python cache
             return build()
         if depends_on_params and torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):

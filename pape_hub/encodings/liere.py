@@ -68,21 +68,22 @@ class LieRE(PositionEncoding):
         self.extent_scale.copy_(1.0 / (grid - 1).clamp(min=1))
 
     def rotations(self, coords: torch.Tensor, layer: int | None = None) -> torch.Tensor:
-        """(T, p) token coordinates -> (depth, heads, T, blocks, b, b) rotations, or (heads, T, blocks, b, b)
-        for one ``layer``; float32 (float64 for float64 coordinates). A token at the origin gets the identity."""
+        """(..., T, p) token coordinates ((T, p), or (B, T, p) per sample) -> (depth, ..., heads, T, blocks, b, b)
+        rotations, or (..., heads, T, blocks, b, b) for one ``layer``; float32 (float64 for float64 coordinates). A
+        token at the origin gets the identity."""
         work = compute_dtype(coords)
         pos = coords.to(work) * self.extent_scale.to(work)
         raw = self.generators if layer is None else self.generators[layer : layer + 1]
         skew = skew_symmetric(raw.to(work))  # (L, H, G, p, b, b)
-        log_rot = torch.einsum("np,lhgpij->lhngij", pos, skew)
+        log_rot = torch.einsum("...np,lhgpij->l...hngij", pos, skew)
         b = self.block_size
         rot = torch.linalg.matrix_exp(log_rot.reshape(-1, b, b)).reshape(log_rot.shape)  # flat batch for compile
         return rot if layer is None else rot[0]
 
     @staticmethod
     def token_coordinates(pos: TokenPositions) -> torch.Tensor:
-        """(P+N, p): prefix tokens at the origin, whose rotation is the identity (the reference's zero
-        generator), so every token is rotated by one einsum with no slicing."""
+        """(P+N, p) ((B, P+N, p) per sample): prefix tokens at the origin, whose rotation is the identity (the
+        reference's zero generator), so every token is rotated by one einsum with no slicing."""
         return torch.nn.functional.pad(pos.coords, (0, 0, pos.num_prefix_tokens, 0))
 
     def prepare(self, pos: TokenPositions) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
@@ -108,15 +109,19 @@ class LieRE(PositionEncoding):
                 rotations = [self.rotations(coords, layer) for layer in range(self.ctx.depth)]
             return tuple(rot.to(working or rot.dtype) for rot in rotations)
 
-        return self.cached((pos.cache_key(), working), build, depends_on_params=True)
+        key = pos.cache_key()  # None for per-token coordinates: built for every batch, never kept
+        return self.cached(key and (key, working), build, depends_on_params=True)
 
     def rotate(self, qk: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
-        """qk: (2, B, H, P+N, hd); rot: (H, P+N, G, b, b). Rotates the first G*b dims of every token, in the
-        rotations' precision (float32; under autocast, its dtype)."""
+        """qk: (2, B, H, P+N, hd); rot: (H, P+N, G, b, b), or (B, H, P+N, G, b, b) per sample. Rotates the first
+        G*b dims of every token, in the rotations' precision (float32; under autocast, its dtype)."""
         span = self.num_blocks * self.block_size
         work = qk if autocast_dtype(qk.device) is not None else qk.to(rot.dtype)
         blocks = work[..., :span].unflatten(-1, (self.num_blocks, self.block_size))  # (2, B, H, T, G, b)
-        rotated = torch.einsum("htgij,sbhtgj->sbhtgi", rot, blocks).flatten(-2)
+        if rot.ndim == 5:
+            rotated = torch.einsum("htgij,sbhtgj->sbhtgi", rot, blocks).flatten(-2)
+        else:  # each sample's own rotations
+            rotated = torch.einsum("bhtgij,sbhtgj->sbhtgi", rot, blocks).flatten(-2)
         if span < qk.shape[-1]:  # head dims beyond the last full block stay as they are
             rotated = torch.cat([rotated, work[..., span:]], dim=-1)
         return rotated.to(qk.dtype)

@@ -95,20 +95,25 @@ class ParabolicEncoding(PositionEncoding):
         raise NotImplementedError
 
     def token_positions(self, pos: TokenPositions) -> torch.Tensor:
-        """(P+N, p) positions: patches at grid index + 1 (times the interpolation factor), prefix tokens one
-        step before the first patch (the reference's origin), all shifted by the centre of the patches."""
+        """(P+N, p) positions ((B, P+N, p) for per-token coordinates): patches at grid index + 1 (times the
+        interpolation factor), prefix tokens one step before the first patch (the reference's origin), all shifted
+        by the centre of the (valid) patches. Per sample, "first" and the centre are that sample's own, so a sample
+        scores the same alone, padded, shuffled or shifted."""
         step = pos.axis_scale.to(compute_dtype(pos.coords))
-        patches = pos.coords.to(step.dtype) + step
-        first, last = patches.amin(0), patches.amax(0)
-        prefix = (first - step).expand(pos.num_prefix_tokens, -1)
-        return (torch.cat([prefix, patches]) - (first + last) / 2) * self.position_scale
+        low, high = pos.extent()  # (B', p) over the valid tokens
+        first, centre = low.to(step.dtype) + step, (low + high).to(step.dtype) / 2 + step
+        patches = pos.sample_coords().to(step.dtype) + step  # (B', N, p)
+        prefix = (first - step)[:, None].expand(-1, pos.num_prefix_tokens, -1)  # (B', P, p)
+        r = (torch.cat([prefix, patches], dim=1) - centre[:, None]) * self.position_scale  # (B', P+N, p)
+        return r if pos.per_sample else r[0]
 
     def key_channels(self, r: torch.Tensor) -> torch.Tensor:
-        """(T, p) positions -> (T, channels) monomials the keys gain."""
+        """(..., T, p) positions -> (..., T, channels) monomials the keys gain."""
         raise NotImplementedError
 
     def layer_state(self, r: torch.Tensor, padding: int) -> dict[str, torch.Tensor]:
-        """Tensors every layer needs that depend on positions and parameters only, stacked over layers."""
+        """Tensors every layer needs that depend on positions (``r`` (B', T, p)) and parameters only, stacked over
+        layers."""
         raise NotImplementedError
 
     def query_channels(self, layer: int, x: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -124,16 +129,38 @@ class ParabolicEncoding(PositionEncoding):
         def build() -> dict[str, Any]:
             with full_precision(device):
                 r = self.token_positions(pos)
+                r = r if r.ndim == 3 else r[None]  # (B', T, p): B' = 1 for a grid shared by the batch
                 padding = self.padding(r.device)
-                keys = F.pad(self.key_channels(r), (0, padding))  # (T, channels + padding)
+                keys = F.pad(self.key_channels(r), (0, padding))  # (B', T, channels + padding), float32 (or 64)
                 layers = {name: tuple(t.unbind(0)) for name, t in self.layer_state(r, padding).items()}
-                return dict(r=r, keys=keys.to(working or keys.dtype), **layers)
+                return dict(r=r, keys=keys[:, None], **layers)  # keys (B', 1, T, E): broadcast over heads
 
-        return self.cached((pos.cache_key(), working), build, depends_on_params=True)
+        key = pos.cache_key()  # None for per-token coordinates: built for every batch, never kept
+        return self.cached(key and (key, working), build, depends_on_params=True)
+
+    def split_precision(self, queries: torch.Tensor, keys: torch.Tensor, dtype: torch.dtype
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positional channels for attention in a 16-bit ``dtype`` without losing their float32 precision.
+
+        The key monomials grow with the square of the grid (r^2 ~ 1800 at 6x ViT-S/16's grid) while the score needs
+        their differences, ``a (r_j - r_i)^2``: rounded to bfloat16 (8 significant bits) the query and key channels
+        would each carry errors of several logits. So each float32 channel is written as a 16-bit head and the
+        16-bit rounding of its remainder, ``c = hi + lo``, and the product as ``q_hi k_hi + q_hi k_lo + q_lo k_hi``:
+        queries ``[q_hi, q_hi, q_lo]`` against keys ``[k_hi, k_lo, k_hi]``, which attention (accumulating in float32)
+        sums to within about 2^-16 of the float32 product. Three times the channels (15 for images), still no
+        N x N tensor. Returns (queries, keys) padded as :meth:`padding` asks for the wider head."""
+        c = self.channels
+        q32, k32 = queries[..., :c].float(), keys[..., :c].float()
+        q_hi, k_hi = q32.to(dtype), k32.to(dtype)
+        q_lo, k_lo = (q32 - q_hi.float()).to(dtype), (k32 - k_hi.float()).to(dtype)
+        pad = -(self.ctx.head_dim + 3 * c) % 8 if queries.device.type != "cpu" else 0
+        wide_q = F.pad(torch.cat([q_hi, q_hi, q_lo], dim=-1), (0, pad))  # (B, H, T, 3 C + pad)
+        wide_k = F.pad(torch.cat([k_hi, k_lo, k_hi], dim=-1), (0, pad))  # (T, 3 C + pad)
+        return wide_q, wide_k
 
     #: whether the query channels are computed in float32 under autocast. tests/test_precision.py decides it per
-    #: encoding in float64 at 4x the training grid: a bf16 projection adds error to PaPE's quadratic channels
-    #: there (its attention drifts further from float64 than with a float32 projection) but not to PaPE-RI's
+    #: encoding in float64 at 4x and 6x the training grid: with the channels' float32 precision kept into attention
+    #: (:meth:`split_precision`), a bf16 projection is what is left of the error, for PaPE (9x) and PaPE-RI (1.4-1.7x)
     float32_projection = True
 
     def transform_qk(self, layer: int, qk: torch.Tensor, x: torch.Tensor, state: Any) -> torch.Tensor:
@@ -143,6 +170,8 @@ class ParabolicEncoding(PositionEncoding):
                 queries = self.query_channels(layer, x.to(state["r"].dtype), state)  # (B, H, T, E)
         else:  # the autocast dtype, as q and k themselves
             queries = self.query_channels(layer, x, state)
+        if qk.dtype in (torch.bfloat16, torch.float16):  # 16-bit attention: keep the channels' float32 precision
+            queries, keys = self.split_precision(queries, keys, qk.dtype)
         extra = torch.stack([queries.to(qk.dtype), keys.to(qk.dtype).expand_as(queries)])  # (2, B, H, T, E)
         return torch.cat([qk, extra], dim=-1)
 
@@ -201,7 +230,7 @@ class PaPE(ParabolicEncoding):
         # (sp or sp * s, head, parabola); columns: (head, channel), zero outside each head's own block
         tilt = torch.einsum("lhmp,lhmd->ldhp", w_p, self.tilt_proj.to(r.dtype).unflatten(1, (h, m)))  # W_p^T W_b
         tilt = F.pad(tilt, (q, padding)).flatten(2)  # (L, d, H C): zero for the quadratic and padding channels
-        s = torch.einsum("lhmp,tp->lthm", w_p, r).flatten(2)  # (L, T, H m) projected positions
+        s = torch.einsum("lhmp,btp->lbthm", w_p, r).flatten(-2)  # (L, B', T, H m) projected positions
         return dict(curvature=self.curvature_proj.to(r.dtype).transpose(1, 2).contiguous(),  # (L, d, H m)
                     coefficients=torch.cat([positional, tilt], dim=1), s=s)  # (L, 2 H m + d, H C)
 
@@ -254,7 +283,6 @@ class PaPERI(ParabolicEncoding):
     """
 
     paper = "PaPE-RI (Ohrstrom et al. 2026)"
-    float32_projection = False  # a bf16 curvature loses nothing at 4x the training grid (tests/test_precision.py)
 
     def __init__(self, ctx: EncodingContext, position_scale: float = 1.0, learned_scale: bool = False) -> None:
         super().__init__(ctx, position_scale)
@@ -285,8 +313,8 @@ class PaPERI(ParabolicEncoding):
     def layer_state(self, r: torch.Tensor, padding: int) -> dict[str, torch.Tensor]:
         """With sp = softplus(c . x) (a = -sp), the query channels are ``sp * coefficients``."""
         w2 = self.isotropic_scale.to(r.dtype) ** 2  # (L, H)
-        bracket = F.pad(torch.cat([torch.ones_like(r), -2 * r], dim=-1), (0, padding))  # (T, 2p + pad)
-        return dict(coefficients=-w2[:, :, None, None] * bracket)  # (L, H, T, 2p + pad)
+        bracket = F.pad(torch.cat([torch.ones_like(r), -2 * r], dim=-1), (0, padding))  # (B', T, 2p + pad)
+        return dict(coefficients=-w2[:, None, :, None, None] * bracket[None, :, None])  # (L, B', H, T, 2p + pad)
 
     def curvature(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """a_i w^2 per head: (B, H, T)."""

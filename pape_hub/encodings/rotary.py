@@ -1,7 +1,9 @@
 """Rotary encodings: queries and keys are rotated pairwise by position-dependent angles.
 
 Shared by axial RoPE, RoPE-Mixed and Polar RoPE: each defines only its phases, shape
-(L, H, N, head_dim / 2) with L in {1, depth} and H in {1, heads}. ``with_ape`` adds a learned absolute table of
+(L, B', H, N, head_dim / 2) with L in {1, depth}, B' in {1, batch} (a grid shared by the batch, or each sample's own
+coordinates) and H in {1, heads}. Each token is rotated by its own coordinate, so the order of the tokens does not
+matter. ``with_ape`` adds a learned absolute table of
 the patch cells to the tokens as well (none for CLS; Naver's ``*_ape`` models: ``rope_ape``, ``rope_mixed_ape``).
 Pairs are interleaved (dims 2i, 2i+1), LLaMA style, as in naver-ai/rope-vit. Prefix tokens (CLS) are never
 rotated. Phases and the rotation are computed in float32 whatever the autocast dtype.
@@ -61,11 +63,11 @@ class RotaryEncoding(AddsLearnedTable, PositionEncoding):
         return self.table_no_weight_decay()
 
     def phases(self, pos: TokenPositions) -> torch.Tensor:
-        """(L, H, N, head_dim / 2) rotation angles in float32."""
+        """(L, B', H, N, head_dim / 2) rotation angles in float32."""
         raise NotImplementedError
 
     def prepare(self, pos: TokenPositions) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, signed sin) tables, (L, H, P+N, head_dim), float32 (float64 for float64 positions)."""
+        """(cos, signed sin) tables, (L, B', H, P+N, head_dim), float32 (float64 for float64 positions)."""
         def build() -> tuple[torch.Tensor, torch.Tensor]:
             with full_precision(pos.coords.device):
                 return rotation_tables(self.phases(pos).to(compute_dtype(pos.coords)), pos.num_prefix_tokens)
@@ -108,13 +110,13 @@ class AxialRoPE(RotaryEncoding):
         self.freqs.copy_(axial_frequencies(self.ctx.head_dim, self.ctx.ndim, self.theta))
 
     def phases(self, pos: TokenPositions) -> torch.Tensor:
-        return self.axial_phases(pos.coords)
+        return self.axial_phases(pos.sample_coords())
 
     def axial_phases(self, coords: torch.Tensor) -> torch.Tensor:
-        """(N, p) coordinates -> (1, 1, N, hd/2): each axis's coordinate times its frequencies."""
-        ang = (coords[:, :, None] * self.freqs.to(coords.dtype)).flatten(1)  # (N, p * F): x freqs, then y, (t)
+        """(B', N, p) coordinates -> (1, B', 1, N, hd/2): each axis's coordinate times its frequencies."""
+        ang = (coords[..., None] * self.freqs.to(coords.dtype)).flatten(-2)  # (B', N, p * F): x freqs, then y, (t)
         ang = nn.functional.pad(ang, (0, self.ctx.head_dim // 2 - ang.shape[-1]))
-        return ang[None, None]  # (1, 1, N, hd/2)
+        return ang[None, :, None]  # (1, B', 1, N, hd/2)
 
 
 @register_encoding("rope_dinov3")
@@ -135,11 +137,12 @@ class DINOv3RoPE(AxialRoPE):
     supported_ndims = (2,)
 
     def phases(self, pos: TokenPositions) -> torch.Tensor:
-        if pos.grid_size is None:
-            raise ValueError("rope_dinov3 normalises positions by the grid, so it needs grid positions")
         dtype = compute_dtype(pos.coords)
-        index = pos.coords.to(dtype) / pos.axis_scale.to(dtype)  # patch indices, whatever the interpolation
-        sizes = torch.tensor(pos.grid_size[::-1], dtype=dtype, device=index.device)  # (W, H): coordinate order
+        index = pos.sample_coords().to(dtype) / pos.axis_scale.to(dtype)  # patch indices, whatever the interpolation
+        if pos.grid_size is not None and not pos.per_sample:
+            sizes = torch.tensor(pos.grid_size[::-1], dtype=dtype, device=index.device)  # (W, H): coordinate order
+        else:  # each sample's own grid, its highest index + 1 (timm's NaFlex DINOv3 RoPE), (B', 1, p)
+            sizes = pos.sample_grid_sizes().to(dtype)[:, None]
         return self.axial_phases(2 * math.pi * (2 * (index + 0.5) / sizes - 1))
 
 
@@ -190,7 +193,7 @@ class RoPEMixed(RotaryEncoding):
 
     def phases(self, pos: TokenPositions) -> torch.Tensor:
         dtype = compute_dtype(pos.coords)
-        return torch.einsum("np,lhpk->lhnk", pos.coords.to(dtype), self.freqs.to(dtype))
+        return torch.einsum("bnp,lhpk->lbhnk", pos.sample_coords().to(dtype), self.freqs.to(dtype))
 
     def no_weight_decay(self) -> set[str]:
         return {"freqs"} | super().no_weight_decay()
@@ -232,18 +235,19 @@ class PolarRoPE(RotaryEncoding):
         self.omega.copy_(1.0 / self.base ** (torch.arange(per_group, dtype=torch.float32) / per_group))  # (K,)
 
     @staticmethod
-    def polar(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(N, 2) -> radius and angle about the centre of the coordinates' bounding box."""
-        centre = (coords.amin(0) + coords.amax(0)) / 2  # ((W-1)/2, (H-1)/2) on a full grid
-        x, y = (coords - centre).unbind(-1)
+    def polar(coords: torch.Tensor, centre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B', N, 2) -> radius and angle about ``centre`` (B', 2)."""
+        x, y = (coords - centre[:, None]).unbind(-1)
         # sqrt of the sum of squares, not torch.hypot: ONNX has no hypot, and grid coordinates cannot overflow
         return (x * x + y * y).sqrt(), torch.atan2(y, x)
 
     def phases(self, pos: TokenPositions) -> torch.Tensor:
-        coords = pos.coords.to(compute_dtype(pos.coords))
-        r, theta = self.polar(coords[:, :2])
+        dtype = compute_dtype(pos.coords)
+        coords = pos.sample_coords().to(dtype)
+        low, high = pos.extent()  # the centre of each sample's valid tokens' bounding box: ((W-1)/2, (H-1)/2)
+        r, theta = self.polar(coords[..., :2], ((low + high) / 2)[:, :2].to(dtype))
         omega = self.omega.to(r.dtype)
-        parts = [r, theta] + ([coords[:, 2]] if coords.shape[-1] == 3 else [])  # time is axial
-        ang = torch.cat([v[:, None] * omega for v in parts], dim=-1)  # (N, groups * K)
+        parts = [r, theta] + ([coords[..., 2]] if coords.shape[-1] == 3 else [])  # time is axial
+        ang = torch.cat([v[..., None] * omega for v in parts], dim=-1)  # (B', N, groups * K)
         ang = nn.functional.pad(ang, (0, self.ctx.head_dim // 2 - ang.shape[-1]))
-        return ang[None, None]  # (1, 1, N, hd/2)
+        return ang[None, :, None]  # (1, B', 1, N, hd/2)

@@ -36,14 +36,19 @@ __all__ = ["SaPE2"]
 
 
 def contextual_position_logits(
-    q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, scale: float, key_mode: bool
+    q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, scale: float, key_mode: bool,
+    present: torch.Tensor | None = None, inside: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One axis of SaPE^2 along the second-to-last token axis.
 
     q, k: (..., L, d) tokens of one line (row or column); emb: (d, npos). Returns (..., L, L): for query i,
-    the interpolated logit of every position m in its line.
+    the interpolated logit of every position m in its line. Per-token inputs scattered onto a grid mark which cells
+    hold a token (``present``, (..., L): an empty cell gates nothing) and which positions lie inside the sample's own
+    grid (``inside``, (..., L): a position past it has no logit, so that a padded sample scores as it does alone).
     """
     gates = torch.sigmoid((q @ k.transpose(-1, -2)) * scale)  # (..., L_i, L_j)
+    if present is not None:
+        gates = gates * present[..., None, :].to(gates.dtype)
     pos = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=emb.shape[-1] - 1)  # p_im = sum_{j >= m} g_ij
     logits = (k if key_mode else q) @ emb  # (..., L, npos): z_i[p] at integer p
     # indices from a NaN-free copy: a NaN input then stays NaN in its own sample (through frac), as it does in every
@@ -53,7 +58,8 @@ def contextual_position_logits(
     frac = pos - floor
     lower = logits.gather(-1, floor.long())
     upper = logits.gather(-1, index.ceil().long())
-    return upper * frac + lower * (1 - frac)
+    out = upper * frac + lower * (1 - frac)
+    return out if inside is None else out * inside[..., None, :].to(out.dtype)
 
 
 def pairwise_l2(x: torch.Tensor) -> torch.Tensor:
@@ -62,6 +68,54 @@ def pairwise_l2(x: torch.Tensor) -> torch.Tensor:
     if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
         return torch.cdist(x.float(), x.float()).to(x.dtype)
     return torch.cdist(x, x)
+
+
+def scatter_plan(pos: TokenPositions) -> dict[str, Any]:
+    """Where per-token inputs sit on one grid that holds every sample: ``cell`` (B, N), each token's flat cell index
+    in grid order; ``present`` (B, cells), which cells hold a valid token; ``extent`` (B, p), each sample's own grid
+    in coordinate order; ``grid``, the shared grid (grid order). SaPE^2 counts along rows and columns, so the
+    coordinates must be whole patch indices, one token a cell; a packed row has several images in one grid and is
+    refused."""
+    if pos.segments is not None:
+        raise ValueError("sape2 counts tokens along the rows and columns of one image's grid, so it cannot take a "
+                         "packed row of several images: pass them as a padded batch (one image a row)")
+    steps = pos.axis_scale
+    index = pos.coords / steps  # (B, N, p) patch indices
+    cells = index.round()
+    valid = pos.valid if pos.valid is not None else torch.ones(index.shape[:2], dtype=torch.bool, device=index.device)
+    if ((index - cells).abs() > 1e-4)[valid].any() or (cells < 0)[valid].any():
+        raise ValueError("sape2 counts tokens along the rows and columns of a grid, so per-token coordinates must be "
+                         "whole, non-negative patch indices (timm's patch_coord); free coordinates have no rows")
+    cells = cells.long().masked_fill(~valid[..., None], 0)
+    extent = pos.sample_grid_sizes().expand(cells.shape[0], -1)  # (B, p) coordinate order
+    grid = tuple(int(v) for v in extent.amax(0).flip(0))  # grid order: (H, W) / (T, H, W)
+    strides = torch.tensor([math.prod(grid[d + 1:]) for d in range(len(grid))], device=cells.device)  # grid order
+    flat = (cells.flip(-1) * strides).sum(-1)  # (B, N)
+    flat = torch.where(valid, flat, torch.full_like(flat, math.prod(grid)))  # padding to a spare cell
+    present = torch.zeros(cells.shape[0], math.prod(grid) + 1, dtype=torch.long, device=cells.device)
+    present.scatter_add_(1, flat, torch.ones_like(flat))
+    if (present[:, :-1] > 1).any():
+        raise ValueError("sape2 found two tokens at one grid cell of a sample; each patch index may appear once")
+    return dict(cell=flat.clamp(max=math.prod(grid) - 1), present=present[:, :-1] > 0, extent=extent, grid=grid,
+                valid=valid)
+
+
+def scatter_cells(t: torch.Tensor, plan: dict[str, Any]) -> torch.Tensor:
+    """(B, H, N, d) tokens -> (B, H, cells, d), each valid token at its cell, zeros elsewhere."""
+    B, H, _, d = t.shape
+    cells = math.prod(plan["grid"])
+    out = t.new_zeros(B, H, cells + 1, d)  # a spare cell takes the padding
+    index = torch.where(plan["valid"], plan["cell"], torch.full_like(plan["cell"], cells))
+    out.scatter_(2, index[:, None, :, None].expand(B, H, -1, d), t)
+    return out[:, :, :cells]
+
+
+def line_inside(extent: torch.Tensor, length: int, nd: int, dim: int) -> torch.Tensor:
+    """(B, 1, *ones, L, *ones): which positions along grid dimension ``dim`` lie inside each sample's own grid
+    (``extent`` (B,) cells along that axis)."""
+    inside = torch.arange(length, device=extent.device)[None] < extent[:, None]  # (B, L)
+    shape = [extent.shape[0], 1] + [length if d == dim else 1 for d in range(nd)]
+    return inside.reshape(shape)
 
 
 @register_encoding("sape2_ape", with_ape=True)
@@ -93,7 +147,7 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
     def reset_parameters(self) -> None:
         """The position-logit tables: truncated normal (cut at +-2, as the reference's ``trunc_normal_``), std
         ``table_std``. The default 0.02 is the paper's appendix; on small grids it leaves the gates, SaPE²'s only
-        positional pathway, with almost no signal or gradient at the start (the README measures what a larger std
+        positional pathway, with almost no signal or gradient at the start (the docs' results measure what a larger std
         changes)."""
         trunc_normal_(self.pos_emb, std=self.table_std)
 
@@ -101,22 +155,40 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
         """The position-logit tables (and APE's table) are position parameters: no weight decay."""
         return {"pos_emb"} | self.table_no_weight_decay()
 
-    def prepare(self, pos: TokenPositions) -> tuple[int, ...]:
-        return self.require_grid(pos, "sape2")
+    def prepare(self, pos: TokenPositions) -> tuple[int, ...] | dict[str, Any]:
+        """The shared grid (rows, cols) / (T, rows, cols); for per-token coordinates, where each token sits on a
+        grid that holds every sample (:func:`scatter_plan`)."""
+        if not pos.per_sample:
+            return self.require_grid(pos, "sape2")
+        return scatter_plan(pos)
 
     def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor:
-        grid = tuple(state)  # (rows, cols) or (T, rows, cols)
-        p, scale, nd = self.ctx.num_prefix_tokens, self.ctx.head_dim**-0.5, len(grid)
+        """(B, heads, P+N, P+N). Per-token inputs are scattered onto their grid first (empty cells gate nothing,
+        positions past a sample's own grid count for nothing), then read back in the tokens' order."""
+        p, scale = self.ctx.num_prefix_tokens, self.ctx.head_dim**-0.5
+        plan = state if isinstance(state, dict) else None
+        grid = tuple(plan["grid"] if plan else state)  # (rows, cols) or (T, rows, cols)
+        q, k = q[:, :, p:], k[:, :, p:]
+        present = inside = None
+        if plan is not None:  # (B, H, N, d) -> (B, H, cells, d), each token at its cell
+            q, k = (scatter_cells(t, plan) for t in (q, k))
+            present = plan["present"].unflatten(1, grid)[:, None]  # (B, 1, *grid)
         emb = self.pos_emb[layer].to(q.dtype)
-        q_grid = q[:, :, p:].unflatten(2, grid)  # (B, H, *grid, d)
-        k_grid = k[:, :, p:].unflatten(2, grid)
+        q_grid, k_grid = q.unflatten(2, grid), k.unflatten(2, grid)  # (B, H, *grid, d)
+        nd = len(grid)
         bias = None
         for coord_axis in range(nd):  # x (along rows), y (along columns), t: coordinate order
             axis = 2 + nd - 1 - coord_axis  # its dimension in (B, H, *grid, d)
             last = 1 + nd  # the grid dimension next to d
-            along = contextual_position_logits(q_grid.movedim(axis, last), k_grid.movedim(axis, last),
-                                               emb[coord_axis], scale, self.key_mode)  # (B, H, *others, L, L)
-            sape = along.movedim(-2, axis).flatten(2, 1 + nd)  # (B, H, N, L): query order restored
+            if plan is not None:  # (B, 1, *others, L) masks along this axis
+                inside = line_inside(plan["extent"][:, coord_axis], grid[axis - 2], nd, axis - 2)
+                inside = inside.movedim(axis, last)
+            along = contextual_position_logits(
+                q_grid.movedim(axis, last), k_grid.movedim(axis, last), emb[coord_axis], scale, self.key_mode,
+                present.movedim(axis, last) if present is not None else None, inside)  # (B, H, *others, L, L)
+            sape = along.movedim(-2, axis).flatten(2, 1 + nd)  # (B, H, cells, L): query order restored
+            if plan is not None:
+                sape = sape.gather(2, plan["cell"][:, None, :, None].expand(-1, sape.shape[1], -1, sape.shape[-1]))
             distance = pairwise_l2(sape)  # (B, H, N, N)
             bias = distance if bias is None else bias + distance
         return pad_prefix_bias(bias * scale, p)  # eq. 16 divides the bias by sqrt(d) too

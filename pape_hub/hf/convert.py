@@ -6,13 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import timm
-from transformers import ViTImageProcessor
+from transformers import BitImageProcessor
 
+from ..folder import DataConfig
 from ..models.vit import VisionTransformer
 from .configuration_pape_vit import PapeViTConfig
 from .configuration_pape_vivit import PapeViViTConfig
-from .modeling_pape_vit import PapeViTForImageClassification, PapeViTModel
-from .modeling_pape_vivit import PapeViViTForVideoClassification, PapeViViTModel
+from .modeling_pape_vit import PapeViTForImageClassification, PapeViTModel, image_processor_of
+from .modeling_pape_vivit import PapeViViTForVideoClassification, PapeViViTModel, video_processor_of
 from .video_processing_pape_vivit import PapeViViTVideoProcessor
 
 __all__ = ["config_from_timm", "image_processor_for", "processor_for", "timm_to_transformers", "transformers_class",
@@ -74,26 +75,13 @@ def transformers_to_timm(model: PapeViTForImageClassification | PapeViTModel, **
     return timm_model.train(model.training)
 
 
-def video_processor_for(config: PapeViViTConfig) -> PapeViViTVideoProcessor:
-    """Resize every frame to the model's resolution, rescale to [0, 1], normalise with the model's mean and std."""
-    size = config.image_size
-    mean, std = config.normalisation()
-    return PapeViViTVideoProcessor(size={"height": size, "width": size}, image_mean=mean, image_std=std)
+#: the processors of a configuration, made where the models' own ``save_pretrained`` makes them
+video_processor_for = video_processor_of
+image_processor_for = image_processor_of
 
 
-def processor_for(config: PapeViTConfig) -> ViTImageProcessor | PapeViViTVideoProcessor:
-    """The image processor of an image model, the video processor of a video model."""
-    return video_processor_for(config) if config.is_video else image_processor_for(config)
-
-
-def image_processor_for(config: PapeViTConfig) -> ViTImageProcessor:
-    """transformers' own ``ViTImageProcessor``, sized and normalised for the model: resize to its resolution
-    (bicubic, as timm), rescale to [0, 1], normalise with its mean and std. Being transformers' own class, it loads
-    from a folder or a Hub id in any process, with or without pape_hub, and runs no custom code."""
-    size = config.image_size
-    mean, std = config.normalisation()
-    return ViTImageProcessor(size={"height": size, "width": size}, image_mean=mean, image_std=std,
-                             resample=3)  # 3 = bicubic, as timm
-
-
-
+def processor_for(config: PapeViTConfig, data_config: DataConfig | None = None
+                  ) -> BitImageProcessor | PapeViViTVideoProcessor:
+    """The image processor of an image model (from ``data_config``, default the configuration's), the video
+    processor of a video model."""
+    return video_processor_for(config) if config.is_video else image_processor_for(config, data_config)

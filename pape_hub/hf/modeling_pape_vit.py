@@ -14,12 +14,23 @@ import torch
 from timm.models import get_pretrained_cfg
 from torch import nn
 from torch.utils._pytree import TreeSpec, tree_unflatten
-from transformers import PreTrainedModel
+from transformers import BitImageProcessor, PreTrainedModel
 from transformers.backbone_utils import BackboneMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BackboneOutput, BaseModelOutputWithPooling, ImageClassifierOutput
 
 from ..encodings.base import PositionEncoding
+from ..folder import (
+    CONFIG,
+    IMAGE_PROCESSOR,
+    VIDEO_PROCESSOR,
+    WEIGHTS,
+    WEIGHTS_INDEX,
+    DataConfig,
+    read_manifest,
+    weight_files,
+    write_manifest,
+)
 from ..layers.attention import PositionalBlock
 from ..models.vit import VisionTransformer, init_module
 from ..models.weights import check_finite_weights
@@ -34,10 +45,11 @@ AUTO_MAP = {
     "AutoModelForImageClassification": "modeling_pape_vit.PapeViTForImageClassification",
     "AutoBackbone": "modeling_pape_vit.PapeViTBackbone",
 }
-#: the image processor is transformers' own (``convert.image_processor_for``): every client loads it, with or
-#: without pape_hub, and no custom code runs for it. transformers reads a folder whose config.json has timm's
+#: the image processor is transformers' own (``convert.image_processor_for``; Bit's: resize the short side and
+#: centre-crop, as timm's eval transform): every client loads it, with or without pape_hub, and no custom code runs
+#: for it. transformers reads a folder whose config.json has timm's
 #: ``pretrained_cfg`` as a timm checkpoint and looks for the processor's type in config.json, so it is named there too
-IMAGE_PROCESSOR_TYPE = "ViTImageProcessor"
+IMAGE_PROCESSOR_TYPE = "BitImageProcessor"
 
 
 class PapeViTLayer(GradientCheckpointingLayer, PositionalBlock):
@@ -136,18 +148,30 @@ class PapeViTPreTrainedModel(PreTrainedModel):
         return out if (self.config.return_dict if return_dict is None else return_dict) else out.to_tuple()
 
     def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
-        """transformers' save, then: ``auto_map`` for every head (not only this class), the code files so the
-        folder loads with ``trust_remote_code=True`` without pape_hub, and timm's fields in ``config.json`` so
-        ``timm.create_model("local-dir:...")`` / ``"hf-hub:..."`` read the same folder."""
+        """transformers' save (weights in one file or shards), then what makes it the checkpoint folder
+        :func:`pape_hub.save_checkpoint` writes: ``auto_map`` for every head (not only this class), the code files so
+        the folder loads with ``trust_remote_code=True`` without pape_hub, timm's fields in ``config.json`` so
+        ``timm.create_model("local-dir:...")`` / ``"hf-hub:..."`` read the same folder, the processor made from the
+        same data config, and the manifest of the files written (the only ones a later save or push touches)."""
         super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True) is False:
             return
         directory = Path(save_directory)
-        write_remote_code(directory, entries=[v.split(".")[0] for v in self.auto_map.values()])
-        path = directory / "config.json"
+        code = write_remote_code(directory, entries=[v.split(".")[0] for v in self.auto_map.values()])
+        path = directory / CONFIG
         config = json.loads(path.read_text())
         config.update(folder_fields(self.auto_map, self.config, self.vit))
         path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        processor = self._processor()
+        processor.save_pretrained(directory)
+        weights = [p.name for p in weight_files(directory)] + ([WEIGHTS_INDEX] if (directory / WEIGHTS_INDEX).exists()
+                                                                and not (directory / WEIGHTS).exists() else [])
+        earlier = {name for name in (read_manifest(directory) or set()) if (directory / name).is_file()}
+        processor_file = VIDEO_PROCESSOR if self.config.is_video else IMAGE_PROCESSOR
+        write_manifest(directory, earlier | {CONFIG, processor_file, *code, *weights})
+
+    def _processor(self) -> Any:
+        return image_processor_of(self.config)
 
 
 def folder_fields(auto_map: dict[str, str], config: PapeViTConfig, vit: VisionTransformer) -> dict[str, Any]:
@@ -162,23 +186,39 @@ def folder_fields(auto_map: dict[str, str], config: PapeViTConfig, vit: VisionTr
     return {**fields, **timm_fields(config, vit)}
 
 
+def data_config_of(config: PapeViTConfig) -> DataConfig:
+    """How the model's inputs are prepared: the crop and resize of the timm ``pretrained_cfg`` the configuration was
+    loaded with (a converted source's ``crop_pct``, kept through every save), else the registered architecture's
+    (as remote code, where nothing is registered: the whole short side, bicubic); the model's size and
+    normalisation."""
+    mean, std = config.normalisation()
+    loaded = getattr(config, "pretrained_cfg", None)
+    registered = get_pretrained_cfg(config.timm_name())
+    cfg = loaded if isinstance(loaded, dict) else registered.to_dict() if registered else {}
+    crop = {k: cfg.get(k) for k in ("crop_pct", "crop_mode", "interpolation")}
+    return DataConfig.from_pretrained_cfg(crop, input_size=(config.num_channels, config.image_size, config.image_size),
+                                          mean=mean, std=std)
+
+
+def image_processor_of(config: PapeViTConfig, data_config: DataConfig | None = None) -> BitImageProcessor:
+    """transformers' own ``BitImageProcessor`` made from the checkpoint's :class:`~pape_hub.folder.DataConfig`
+    (default: :func:`data_config_of` the configuration): resize the short side to ``size / crop_pct`` with its
+    interpolation, centre-crop, rescale to [0, 1], normalise - timm's eval transform step by step, so
+    ``pipeline(...)`` and timm score the same pixels. Being transformers' own class, it loads from a folder or a Hub
+    id in any process, with or without pape_hub, and runs no custom code."""
+    return BitImageProcessor(**(data_config or data_config_of(config)).processor_kwargs())
+
+
 def timm_fields(config: PapeViTConfig, vit: VisionTransformer) -> dict[str, Any]:
     """What timm's Hub loader reads from config.json: architecture, model_args, pretrained_cfg, labels."""
     num_classes = vit.num_classes
     args = config.core_kwargs(num_classes)
     args["img_size"] = list(vit.patch_embed.img_size)
     architecture = config.timm_name()
-    size = config.image_size
     if config.is_video:
         args["num_frames"] = vit.patch_embed.num_frames
-    mean, std = config.normalisation()
-    # how the zoo crops and resizes inputs for this architecture; as remote code (no pape_hub, nothing registered)
-    # a saved folder keeps the whole image, resized bicubically
-    registered = get_pretrained_cfg(architecture)
-    interpolation, crop_pct = (registered.interpolation, registered.crop_pct) if registered else ("bicubic", 1.0)
     pretrained_cfg = dict(
-        architecture=architecture, input_size=[config.num_channels, size, size], num_classes=num_classes,
-        mean=mean, std=std, interpolation=interpolation, crop_pct=crop_pct,
+        architecture=architecture, num_classes=num_classes, **data_config_of(config).timm_fields(),
         first_conv="patch_embed.proj", classifier="head", fixed_input_size=False,
     )
     fields = dict(architecture=architecture, model_args=args, num_classes=num_classes, pretrained_cfg=pretrained_cfg,
@@ -235,7 +275,9 @@ class PapeViTForImageClassification(PapeViTPreTrainedModel):
         last, hidden, attentions = self._run(pixel_values, output_hidden_states, output_attentions,
                                              interpolate_pos_encoding)
         logits = self.vit.forward_head(last)
-        loss = self.loss_function(labels, logits, self.config) if labels is not None else None
+        # the loss's own arguments go through (Trainer's num_items_in_batch: sum / items, not the batch mean, so that
+        # gradient accumulation and several processes log and step as one large batch would)
+        loss = self.loss_function(labels, logits, self.config, **kwargs) if labels is not None else None
         return self._output(ImageClassifierOutput(loss=loss, logits=logits, hidden_states=hidden,
                                                   attentions=attentions), return_dict)
 

@@ -9,6 +9,7 @@ import torch
 from ..models.vivit import VideoVisionTransformer
 from .configuration_pape_vivit import PapeViViTConfig
 from .modeling_pape_vit import PapeViTForImageClassification, PapeViTModel, PapeViTPreTrainedModel
+from .video_processing_pape_vivit import PapeViViTVideoProcessor
 
 __all__ = ["PapeViViTForVideoClassification", "PapeViViTModel", "PapeViViTPreTrainedModel"]
 
@@ -20,11 +21,21 @@ AUTO_MAP = {
 }
 
 
+def video_processor_of(config: PapeViViTConfig) -> PapeViViTVideoProcessor:
+    """Resize every frame to the model's resolution, rescale to [0, 1], normalise with the model's mean and std."""
+    mean, std = config.normalisation()
+    size = config.image_size
+    return PapeViViTVideoProcessor(size={"height": size, "width": size}, image_mean=mean, image_std=std)
+
+
 class PapeViViTPreTrainedModel(PapeViTPreTrainedModel):
     config_class = PapeViViTConfig
     core_class = VideoVisionTransformer
     auto_map = AUTO_MAP
     input_modalities = ("video",)
+
+    def _processor(self) -> PapeViViTVideoProcessor:
+        return video_processor_of(self.config)
 
     def _core_input(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """(B, T, C, H, W), transformers' ViViT layout -> (B, C, T, H, W), the core's."""

@@ -6,7 +6,7 @@ and its per-forward state at call time and calls its hooks for this layer.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +15,7 @@ from torch import nn
 
 from ..encodings.base import PositionEncoding
 
-__all__ = ["PositionalAttention", "PositionalBlock", "encoding_attn_bias", "encoding_transform_qk"]
+__all__ = ["BlockState", "PositionalAttention", "PositionalBlock", "encoding_attn_bias", "encoding_transform_qk"]
 
 
 # The encoding hooks run as opaque calls under torch.fx (timm's feature extraction): their positional arithmetic
@@ -28,15 +28,26 @@ def encoding_transform_qk(encoding: PositionEncoding, layer: int, qk: torch.Tens
     return encoding.transform_qk(layer, qk, x, state)
 
 
+class BlockState(NamedTuple):
+    """What every block of one forward shares: the encoding's per-forward state (:meth:`PositionEncoding.prepare`)
+    and which keys each query may attend (:meth:`TokenPositions.attention_mask`: padding, packed rows; None: all).
+    A named tuple, so that transformers' reentrant checkpointing gets its tensors as positional leaves."""
+
+    encoding: Any
+    mask: torch.Tensor | None = None
+
+
 @register_notrace_function
 def encoding_attn_bias(encoding: PositionEncoding, layer: int, q: torch.Tensor, k: torch.Tensor,
-                       state: Any) -> torch.Tensor | None:
-    """The encoding's logit bias as SDPA takes it: 4-D (a 3-D float mask sends CPU SDPA to the math kernel, a 4-D
-    one to the flash kernel) and in q's dtype; None without a bias."""
-    bias = encoding.attn_bias(layer, q, k, state)  # None, (H, T, T) or (B, H, T, T)
+                       state: Any, mask: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The encoding's logit bias and the attention mask as SDPA takes them: one 4-D tensor (a 3-D float mask sends
+    CPU SDPA to the math kernel, a 4-D one to the flash kernel) in q's dtype, -inf where a key is masked; the
+    boolean mask alone without a bias; None without either."""
+    bias = encoding.attn_bias(layer, q, k, state) if "bias" in encoding.mechanisms else None  # (H|B, ..., T, T)
     if bias is None:
-        return None
-    return bias.to(q.dtype) if bias.ndim == 4 else bias.to(q.dtype).unsqueeze(0)
+        return mask
+    bias = bias.to(q.dtype) if bias.ndim == 4 else bias.to(q.dtype).unsqueeze(0)
+    return bias if mask is None else bias.masked_fill(~mask, float("-inf"))
 
 
 @register_notrace_function
@@ -83,12 +94,14 @@ class PositionalAttention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(
-        self, x: torch.Tensor, encoding: PositionEncoding, state: Any, output_attentions: bool = False,
+        self, x: torch.Tensor, encoding: PositionEncoding, state: BlockState | Any, output_attentions: bool = False,
         fused: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: (B, T, D) normed tokens. Returns (B, T, D) and, if asked, the (B, H, T, T) probabilities. The fused
-        kernel runs unless ``fused=False`` (this call), ``fused_attn=False`` (timm's module switch) or the
-        probabilities are asked for."""
+        """x: (B, T, D) normed tokens; ``state``: the forward's :class:`BlockState` (or the encoding's state alone).
+        Returns (B, T, D) and, if asked, the (B, H, T, T) probabilities. The fused kernel runs unless
+        ``fused=False`` (this call), ``fused_attn=False`` (timm's module switch) or the probabilities are asked
+        for."""
+        state, mask = state if isinstance(state, BlockState) else (state, None)
         B, T, D = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
         qk, v = qkv[:2], qkv[2]
@@ -97,7 +110,8 @@ class PositionalAttention(nn.Module):
         if "qk" in encoding.mechanisms:
             qk = encoding_transform_qk(encoding, self.layer_idx, qk, x, state)  # (2, B, H, T, hd), or wider (PaPE)
         q, k = qk.unbind(0)
-        bias = encoding_attn_bias(encoding, self.layer_idx, q, k, state) if "bias" in encoding.mechanisms else None
+        bias = encoding_attn_bias(encoding, self.layer_idx, q, k, state, mask) \
+            if mask is not None or "bias" in encoding.mechanisms else None  # float bias, boolean mask, or None
 
         if fused and self.fused_attn and not output_attentions:
             out = F.scaled_dot_product_attention(
@@ -108,7 +122,7 @@ class PositionalAttention(nn.Module):
         else:
             logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, T, T)
             if bias is not None:
-                logits = logits + bias
+                logits = logits.masked_fill(~bias, float("-inf")) if bias.dtype == torch.bool else logits + bias
             probs = logits.softmax(dim=-1)
             out = self.attn_drop(probs) @ v
         out = out.transpose(1, 2).reshape(B, T, D)

@@ -581,14 +581,19 @@ def transplant(source: dict[str, torch.Tensor] | nn.Module, target: nn.Module) -
         for key in head:  # another class count (or no head): the target keeps its own
             out.pop(key)
             report.dropped.append(f"{key} (other classes)")
+    # checked in full before the target is touched: a refused transplant leaves it as it was
+    missing = [k for k in own if k not in out and not k.startswith("head.")]
+    unexpected = [k for k in out if k not in own]
+    shaped = [f"{k} {tuple(out[k].shape)} (target {tuple(own[k].shape)})" for k in out
+              if k in own and tuple(out[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or shaped:
+        raise ValueError(f"transplant does not fit: missing {missing[:6]}, unexpected {unexpected[:6]}, other shapes "
+                         f"{shaped[:3]}; the source must be a ViT of the target's width, depth and patch size (build "
+                         "the target to match); the target was left as it was")
     if any(t.is_meta for t in target.parameters()):  # built on the meta device: materialise, initialise, then load
         target.to_empty(device="cpu")
         target.init_weights()
-    missing, unexpected = target.load_state_dict(out, strict=False)
-    missing = [k for k in missing if not k.startswith("head.")]
-    if missing or unexpected:
-        raise ValueError(f"transplant does not fit: missing {missing[:6]}, unexpected {unexpected[:6]}; the source "
-                         "must be a ViT of the target's width, depth and patch size (build the target to match)")
+    target.load_state_dict(out, strict=False)
     report.own_init += [k for k in target.state_dict() if k.startswith("head.") and k not in out]
     return report
 

@@ -20,7 +20,8 @@ from torch.utils._pytree import tree_flatten
 
 from ..encodings.base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype, grid_positions
 from ..encodings.catalog import check_encoding_kwargs, create_encoding
-from ..layers.attention import PositionalBlock
+from ..layers.attention import BlockState, PositionalBlock
+from .native import NaFlexInput, embed_patches, masked_pool, naflex_input, per_token_positions
 
 __all__ = ["VisionTransformer", "init_module", "init_prefix_token"]
 
@@ -206,6 +207,12 @@ class VisionTransformer(nn.Module):
             if num_classes > 0 else nn.Identity()
         self.head.train(self.training)
 
+    @property
+    def embeds(self) -> nn.Module:
+        """The stem under NaFlexViT's name: timm's scripts read ``model.embeds.patch_size`` to patchify for
+        ``--naflex-loader``."""
+        return self.patch_embed
+
     def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None) -> None:
         """Change the nominal input size (the grid position interpolation refers to; APE's table size)."""
         if patch_size is not None:
@@ -251,13 +258,16 @@ class VisionTransformer(nn.Module):
         """The input as the stem takes it (the video model accepts two layouts)."""
         return x
 
-    def embed(self, x: torch.Tensor, position_interpolation: bool | None = None
-              ) -> tuple[torch.Tensor, TokenPositions]:
-        """Input (B, C, H, W) or (B, C, T, H, W) -> tokens (B, P+N, D) with absolute encodings added, and their
-        positions."""
-        x = self.prepare_input(x)
-        pos = input_positions(x, self.input_spec(position_interpolation))  # validates the input first
-        tokens = self.patch_embed(x).flatten(1, -2)  # (B, *grid, D) -> (B, N, D), row-major
+    def embed(self, x: torch.Tensor | dict, position_interpolation: bool | None = None,
+              tokens_in: NaFlexInput | None = None) -> tuple[torch.Tensor, TokenPositions]:
+        """Input (B, C, H, W) or (B, C, T, H, W), or per-token patches (``tokens_in``, :mod:`.native`) -> tokens
+        (B, P+N, D) with absolute encodings added, and their positions."""
+        if tokens_in is not None:
+            tokens, pos = self.embed_tokens(tokens_in, position_interpolation)
+        else:
+            x = self.prepare_input(x)
+            pos = input_positions(x, self.input_spec(position_interpolation))  # validates the input first
+            tokens = self.patch_embed(x).flatten(1, -2)  # (B, *grid, D) -> (B, N, D), row-major
         prefix = [t.expand(tokens.shape[0], -1, -1).to(tokens.dtype) for t in (self.cls_token, self.reg_token)
                   if t is not None]
         if prefix:  # (B, P + N, D): CLS, registers, patches
@@ -265,6 +275,22 @@ class VisionTransformer(nn.Module):
         if "tokens" in self.pos_encoding.mechanisms:
             tokens = encoding_add_to_tokens(self.pos_encoding, tokens, pos)
         return self.pos_drop(tokens), pos
+
+    def embed_tokens(self, tokens_in: NaFlexInput, position_interpolation: bool | None = None
+                     ) -> tuple[torch.Tensor, TokenPositions]:
+        """Per-token patches -> patch tokens (B, N, D) and each token's own positions."""
+        if self.is_video:
+            raise ValueError("per-token inputs (patch_coord) are images: a video model takes clips (B, C, T, H, W)")
+        if position_interpolation if position_interpolation is not None else self.position_interpolation:
+            raise ValueError("position_interpolation rescales a grid shared by the batch; per-token inputs carry "
+                             "their own coordinates: scale patch_coord instead, or turn interpolation off")
+        if tokens_in.segments is not None and self.num_prefix_tokens:
+            raise ValueError("a packed row gives each image its own output by pooling its own tokens; a model with "
+                             f"{self.num_prefix_tokens} prefix token(s) (CLS, registers) would share them between the "
+                             "images: build it with class_token=False, global_pool='avg' (reg_tokens=0)")
+        tokens = self.patch_embed.norm(embed_patches(self.patch_embed.proj, tokens_in.patches))
+        pos = per_token_positions(tokens_in, self.num_prefix_tokens, compute_dtype(tokens))
+        return tokens, pos
 
     def run_blocks(
         self,
@@ -277,7 +303,7 @@ class VisionTransformer(nn.Module):
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """Run the blocks; returns the last tokens, the tokens after each block in ``take`` and attentions.
         ``fused=False`` computes attention eagerly (transformers' ``attn_implementation="eager"``)."""
-        state = encoding_prepare(self.pos_encoding, pos)
+        state = BlockState(encoding_prepare(self.pos_encoding, pos), positions_mask(pos))
         hidden, attentions = [], []
         blocks = self.blocks if stop_after is None else self.blocks[: stop_after + 1]
         # blocks that checkpoint themselves (transformers' GradientCheckpointingLayer): their reentrant mode treats
@@ -298,26 +324,46 @@ class VisionTransformer(nn.Module):
                 attentions.append(probs)
         return x, hidden, attentions
 
-    def forward_features(self, x: torch.Tensor, position_interpolation: bool | None = None) -> torch.Tensor:
-        """Final normed tokens (B, P+N, D); ``position_interpolation`` overrides the model's setting for this call."""
-        x, pos = self.embed(x, position_interpolation)
+    def forward_features(self, x: torch.Tensor | dict, position_interpolation: bool | None = None,
+                         patch_coord: torch.Tensor | None = None, patch_valid: torch.Tensor | None = None,
+                         segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Final normed tokens (B, P+N, D); ``position_interpolation`` overrides the model's setting for this call.
+        Per-token inputs as NaFlexViT's (:func:`~pape_hub.models.native.naflex_input`): patches with
+        ``patch_coord``, or the collator's dict; padded tokens come out too, to be dropped by ``patch_valid``."""
+        x, pos = self.embed(x, position_interpolation, naflex_input(x, patch_coord, patch_valid, segment_ids))
         x, _, _ = self.run_blocks(x, pos)
         return self.norm(x)
 
-    def pool(self, x: torch.Tensor, pool_type: str | None = None) -> torch.Tensor:
-        return global_pool_nlc(x, pool_type=self.global_pool if pool_type is None else pool_type,
-                               num_prefix_tokens=self.num_prefix_tokens)
+    def pool(self, x: torch.Tensor, pool_type: str | None = None, patch_valid: torch.Tensor | None = None,
+             segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """timm's pooling; over valid tokens only where ``patch_valid`` marks padding, per image of a packed row
+        (``segment_ids``: (B, S, D))."""
+        pool_type = self.global_pool if pool_type is None else pool_type
+        if patch_valid is None and segment_ids is None:
+            return global_pool_nlc(x, pool_type=pool_type, num_prefix_tokens=self.num_prefix_tokens)
+        return masked_pool(x, pool_type, self.num_prefix_tokens, patch_valid, segment_ids)
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False, patch_valid: torch.Tensor | None = None,
+                     segment_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Pool, norm, the pre-logits layer if any, dropout, classifier; ``pre_logits=True`` stops before the
-        classifier (timm's convention)."""
-        x = self.pre_logits(self.fc_norm(self.pool(x)))
+        classifier (timm's convention). ``patch_valid`` / ``segment_ids``: pool as :meth:`pool` says."""
+        x = self.pre_logits(self.fc_norm(self.pool(x, patch_valid=patch_valid, segment_ids=segment_ids)))
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # one argument, as every timm model: torch.fx turns each forward argument into a graph input
-        return self.forward_head(self.forward_features(x))
+    def forward(self, x: torch.Tensor | dict, patch_coord: torch.Tensor | None = None,
+                patch_valid: torch.Tensor | None = None, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of an image batch (B, C, H, W), or as NaFlexViT's forward: patches [B, N, P*P*C] with
+        ``patch_coord`` [B, N, 2] (y, x) and ``patch_valid`` [B, N], or the NaFlex collator's dict. A packed row
+        (``segment_ids``) gives (B, S, classes), one row per image. torch.fx traces the image path (the per-token
+        arguments stay unused graph inputs)."""
+        if is_fx_tracing() or (patch_coord is None and patch_valid is None and segment_ids is None
+                               and not isinstance(x, dict)):
+            return self.forward_head(self.forward_features(x))
+        tokens_in = naflex_input(x, patch_coord, patch_valid, segment_ids)
+        x, pos = self.embed(None, tokens_in=tokens_in)
+        x, _, _ = self.run_blocks(x, pos)
+        return self.forward_head(self.norm(x), patch_valid=tokens_in.valid, segment_ids=tokens_in.segments)
 
     def forward_intermediates(
         self,
@@ -451,6 +497,17 @@ def encoding_add_to_tokens(encoding: PositionEncoding, tokens: torch.Tensor, pos
 @register_notrace_function
 def encoding_prepare(encoding: PositionEncoding, pos: TokenPositions) -> Any:
     return encoding.prepare(pos)
+
+
+@register_notrace_function
+def positions_mask(pos: TokenPositions) -> torch.Tensor | None:
+    """Which keys each query may attend (padding, packed rows), or None: every token sees every token."""
+    return pos.attention_mask()
+
+
+def is_fx_tracing() -> bool:
+    """True while torch.fx traces the model (timm's FX feature extraction)."""
+    return torch.fx._symbolic_trace.is_fx_symbolic_tracing()
 
 
 def feature_take_indices(num_blocks: int, indices: int | list[int] | None = None) -> tuple[list[int], int]:

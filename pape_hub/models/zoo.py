@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -148,32 +150,53 @@ def list_pretrained(pattern: str = "") -> list[str]:
 SOURCE_CONFIG_CHECKS: list[Callable[[dict[str, Any], str], None]] = []
 
 
-def _check_source_config(pretrained_cfg: Any, pretrained: bool) -> None:
-    """``timm.create_model("local-dir:..." / "hf-hub:...")`` reads ``model_args`` from the folder's config.json;
-    run :data:`SOURCE_CONFIG_CHECKS` on the file (with ``pretrained``, the weights file is fetched first, so that
-    the checks compare it with the config before timm builds anything)."""
-    if not SOURCE_CONFIG_CHECKS:
-        return
-    cfg = pretrained_cfg.to_dict() if hasattr(pretrained_cfg, "to_dict") else dict(pretrained_cfg or {})
-    if cfg.get("source") == "local-dir" and cfg.get("file"):
-        path = Path(cfg["file"]) / "config.json"
-    elif cfg.get("source") == "hf-hub" and cfg.get("hf_hub_id"):
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import EntryNotFoundError
+def _source_files(cfg: dict[str, Any], pretrained: bool) -> tuple[Path, list[Path] | None]:
+    """(config.json, the safetensors shards of a sharded save or None) of a ``local-dir:`` / ``hf-hub:`` source, at
+    its revision (``hf-hub:org/repo@REV``, as timm splits it). With ``pretrained``, the weights are fetched now (into
+    the cache, where timm's own download finds them next)."""
+    from ..folder import WEIGHTS, WEIGHTS_INDEX, index_shards
 
-        path = Path(hf_hub_download(cfg["hf_hub_id"], "config.json"))  # already in the cache: timm just read it
-        if pretrained:
-            try:  # into the cache, where timm's own download finds it next
-                hf_hub_download(cfg["hf_hub_id"], "model.safetensors")
-            except EntryNotFoundError:
-                pass  # timm falls back to pytorch_model.bin, which it reads with weights_only=True
-    else:
-        return
+    if cfg.get("source") == "local-dir":
+        folder = Path(cfg["file"])
+        sharded = pretrained and not (folder / WEIGHTS).exists() and (folder / WEIGHTS_INDEX).exists()
+        return folder / "config.json", index_shards(folder / WEIGHTS_INDEX, lambda n: folder / n) if sharded else None
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+    from timm.models._hub import hf_split
+
+    repo_id, revision = hf_split(cfg["hf_hub_id"])
+    fetch = partial(hf_hub_download, repo_id, revision=revision)
+    path = Path(fetch("config.json"))  # already in the cache: timm just read it
+    if not pretrained:
+        return path, None
+    try:
+        fetch(WEIGHTS)
+        return path, None
+    except EntryNotFoundError:
+        pass
+    try:
+        index = Path(fetch(WEIGHTS_INDEX))
+    except EntryNotFoundError:
+        return path, None  # timm falls back to pytorch_model.bin, which it reads with weights_only=True
+    return path, index_shards(index, lambda name: Path(fetch(name)))
+
+
+def _check_source_config(pretrained_cfg: Any, pretrained: bool) -> list[Path] | None:
+    """``timm.create_model("local-dir:..." / "hf-hub:...")`` reads ``model_args`` from the folder's config.json;
+    run :data:`SOURCE_CONFIG_CHECKS` on the file (with ``pretrained``, the weights are fetched first, so that the
+    checks compare them with the config before timm builds anything). Returns the shards of a sharded save (which
+    timm alone would read one of), else None."""
+    cfg = pretrained_cfg.to_dict() if hasattr(pretrained_cfg, "to_dict") else dict(pretrained_cfg or {})
+    if not ((cfg.get("source") == "local-dir" and cfg.get("file")) or
+            (cfg.get("source") == "hf-hub" and cfg.get("hf_hub_id"))):
+        return None
+    path, shards = _source_files(cfg, pretrained)
     config = json.loads(path.read_text())
     if not isinstance(config, dict):
         raise ValueError(f"{path} must hold a JSON object of model settings, got a JSON {type(config).__name__}")
     for check in SOURCE_CONFIG_CHECKS:
         check(config, str(path))
+    return shards
 
 
 def _has_weights(pretrained_cfg: Any) -> bool:
@@ -190,7 +213,13 @@ def _create(name: str, pretrained: bool = False, **kwargs: Any) -> VisionTransfo
                          "pape_hub.list_pretrained()). Load a "
                          "checkpoint with timm.create_model('hf-hub:ORG/REPO') or 'local-dir:PATH', or use "
                          "pretrained=False")
-    _check_source_config(cfg, pretrained)
+    shards = _check_source_config(cfg, pretrained)
+    if shards is not None:  # timm reads one weights file: hand it the whole sharded state as its state_dict source
+        from ..folder import read_weights
+
+        origin = cfg.source
+        cfg = replace(cfg, source="", state_dict=read_weights(shards))
+        kwargs["pretrained_cfg"] = cfg
     source = SOURCES.get(f"{name}.{cfg.tag}")
     kwargs = {**(source.model_args if source else {}), **kwargs}
     out_indices = kwargs.pop("out_indices", 3)
@@ -204,6 +233,8 @@ def _create(name: str, pretrained: bool = False, **kwargs: Any) -> VisionTransfo
         )
     if source:  # timm records the caller's kwargs as the model's arguments; the entry's own belong there too
         model._model_args = dict(source.model_args)
+    if shards is not None:  # the cfg kept on the model says where the weights came from, and holds no tensors
+        model.pretrained_cfg = {**model.pretrained_cfg, "state_dict": None, "source": origin}
     return model.to(dtype=dtype) if dtype is not None else model
 
 

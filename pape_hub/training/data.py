@@ -56,7 +56,7 @@ def input_spec(cfg: TrainConfig, generated: Any) -> tuple[int, int | None, bool]
 
 
 def data_transforms(cfg: TrainConfig, img_size: int, channels: int, mean: Any, std: Any, crop_pct: float,
-                    video: bool = False) -> tuple[Any, Any]:
+                    video: bool = False, interpolation: str = "bicubic") -> tuple[Any, Any]:
     """(train, eval) transforms of an image or video dataset: the augmentation preset, then normalisation. Clips
     take the preset's random-resized crop and flip, the same for every frame (RandAugment, jitter, Mixup and
     CutMix are image-only)."""
@@ -66,19 +66,19 @@ def data_transforms(cfg: TrainConfig, img_size: int, channels: int, mean: Any, s
             raise ValueError("crop_padding (--crop-padding) is an image augmentation; clips take --crop-scale")
         return (VideoTransform(img_size, mean, std, crop_scale=aug["crop_scale"], hflip=aug["hflip"]),
                 VideoTransform(img_size, mean, std))
-    eval_tf = create_transform(img_size, is_training=False, mean=mean, std=std, interpolation="bicubic",
+    eval_tf = create_transform(img_size, is_training=False, mean=mean, std=std, interpolation=interpolation,
                                crop_pct=crop_pct)
     if aug["crop_scale"] is None and not aug["crop_padding"] and not aug["hflip"] and not aug["color_jitter"] \
             and not aug["randaugment"]:
         return eval_tf, eval_tf
     train_tf = create_transform(img_size, is_training=True, scale=aug["crop_scale"] or (1.0, 1.0),
                                 hflip=aug["hflip"], color_jitter=aug["color_jitter"],
-                                auto_augment=aug["randaugment"] or None, mean=mean, std=std, interpolation="bicubic",
-                                separate=bool(aug["crop_padding"]))
+                                auto_augment=aug["randaugment"] or None, mean=mean, std=std,
+                                interpolation=interpolation, separate=bool(aug["crop_padding"]))
     if aug["crop_padding"]:  # the CIFAR crop: pad, then a random crop of the image size (timm has no such stage)
         _, colour, final = train_tf
         crop = transforms.Compose([
-            transforms.Resize(img_size, interpolation=transforms.InterpolationMode.BICUBIC),
+            transforms.Resize(img_size, interpolation=transforms.InterpolationMode(interpolation)),
             transforms.CenterCrop(img_size), transforms.RandomCrop(img_size, padding=aug["crop_padding"]),
             transforms.RandomHorizontalFlip(aug["hflip"])])
         train_tf = transforms.Compose([crop, colour, final])
@@ -121,7 +121,8 @@ def prepare_data(cfg: TrainConfig) -> TrainingData:
     setting = task_setting(cfg)
     img_size, num_frames, video = input_spec(cfg, setting)
     channels = cfg.model_kwargs.get("in_chans", 3)
-    crop_pct = get_pretrained_cfg(cfg.model).crop_pct
+    model_cfg = get_pretrained_cfg(cfg.model)  # how the model's inputs are cropped and resized, as timm's eval does
+    crop_pct, interpolation = model_cfg.crop_pct, model_cfg.interpolation or "bicubic"
     read = partial(build_data, cfg.dataset, img_size=img_size, seed=cfg.seed, val_fraction=cfg.val_fraction,
                    train_size=cfg.train_size, eval_size=cfg.eval_size, arrow_config=arrow_cfg,
                    image_column=cfg.image_column, label_column=cfg.label_column, channels=channels,
@@ -130,15 +131,21 @@ def prepare_data(cfg: TrainConfig) -> TrainingData:
     if normalisation is None:  # the training split's own statistics: read unnormalised, then transformed
         zeros, ones = (0.0,) * channels, (1.0,) * channels
         plain = VideoTransform(img_size, zeros, ones) if video else create_transform(
-            img_size, is_training=False, mean=zeros, std=ones, interpolation="bicubic", crop_pct=crop_pct)
+            img_size, is_training=False, mean=zeros, std=ones, interpolation=interpolation, crop_pct=crop_pct)
         raw = read(train_transform=plain, eval_transform=plain)
         mean, std = channel_statistics(raw.train, max_samples=256 if video else 2048)  # decoding clips is slow
-        data = raw.with_transforms(*data_transforms(cfg, img_size, channels, mean, std, crop_pct, video))
+        data = raw.with_transforms(*data_transforms(cfg, img_size, channels, mean, std, crop_pct, video,
+                                                    interpolation))
     else:
         mean, std = normalisation
-        train_tf, eval_tf = data_transforms(cfg, img_size, channels, mean, std, crop_pct, video)
+        train_tf, eval_tf = data_transforms(cfg, img_size, channels, mean, std, crop_pct, video, interpolation)
         data = read(train_transform=train_tf, eval_transform=eval_tf, normalize=(mean, std))
     check_splits(data)  # a broken file is named now, not after an epoch of training
+    if len(data.val) == 0:  # every epoch would "score" 0.0 from nothing and best/ would freeze at epoch 1
+        raise ValueError(f"the validation split of {cfg.dataset} is empty ({len(data.train)} training images in "
+                         f"{len(data.classes)} classes; a class needs at least 2 images for one to be held out): add "
+                         "images, or a validation/ folder beside train/, so that the best epoch is chosen on real "
+                         "scores")
     generator = torch.Generator().manual_seed(cfg.seed)
     train_loader = DataLoader(data.train, batch_size=cfg.batch_size, shuffle=True, drop_last=True,
                               num_workers=cfg.num_workers, generator=generator)
@@ -148,4 +155,5 @@ def prepare_data(cfg: TrainConfig) -> TrainingData:
     test_loader = DataLoader(data.test, batch_size=cfg.batch_size, num_workers=cfg.num_workers) \
         if data.test is not None else None
     return TrainingData(data, train_loader, val_loader, test_loader, img_size, num_frames,
-                        dict(input_size=(channels, img_size, img_size), mean=mean, std=std))
+                        dict(input_size=(channels, img_size, img_size), mean=mean, std=std, crop_pct=crop_pct,
+                             interpolation=interpolation))

@@ -23,6 +23,7 @@ from timm.loss import SoftTargetCrossEntropy
 
 from ..checkpoint import atomic_write, replace_dir, save_checkpoint
 from ..cpu import flush_denormals
+from ..data import data_fingerprint
 from ..evaluation import evaluate_loader
 from ..models import model_args_for
 from ..progress import Progress, duration
@@ -199,7 +200,7 @@ def fit(cfg: TrainConfig, accelerator: Accelerator, run: Run,
     start_epoch, best, history = 0, dict(top1=-1.0, epoch=-1), []
     if cfg.resume:
         state_dir = resume_state_dir(cfg.resume)
-        saved = check_resume(cfg, state_dir)
+        saved = check_resume(cfg, state_dir, data_fingerprint(run.data))
         accelerator.load_state(str(state_dir))
         start_epoch, best, history = saved["epoch"] + 1, saved["best"], saved["history"]
         if main and not cfg.quiet:
@@ -297,13 +298,15 @@ def save_epoch(cfg: TrainConfig, accelerator: Accelerator, run: Run, record: dic
     tmp_state = out / ".state.tmp"
     try:
         accelerator.save_state(str(tmp_state))
-    except OSError as err:  # a full disk, a quota: the previous state/ was not touched
+    except (OSError, RuntimeError) as err:  # a full disk, a quota (torch's writer raises RuntimeError): the
+        if isinstance(err, RuntimeError) and "write" not in str(err).lower():  # previous state/ was not touched
+            raise
         raise OSError(f"could not write the training state of epoch {epoch + 1} to {tmp_state} ({err}); the state "
                       f"of the previous epoch in {out / 'state'} is intact: free space, then --resume {out}") from err
     accelerator.wait_for_everyone()
     if main:
         trainer_state = dict(epoch=epoch, step=(epoch + 1) * run.steps_per_epoch, best=best, history=history,
-                             identity=cfg.identity(), config=asdict(cfg))
+                             identity=cfg.identity(), config=asdict(cfg), data=data_fingerprint(run.data))
         atomic_write(tmp_state / "trainer_state.json", lambda p, s=trainer_state: p.write_text(json.dumps(s)))
         replace_dir(tmp_state, out / "state")
     accelerator.wait_for_everyone()

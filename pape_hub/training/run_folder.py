@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -37,9 +38,11 @@ def _manifest(out: Path) -> list[str]:
 
 
 def _with_swap_names(out: Path, name: str) -> list[Path]:
-    """``name`` and the temporary siblings this package makes while replacing it (``.name.tmp/.new/.old``,
-    ``.name.<random>`` of an atomic file write)."""
-    return [out / name, *out.glob(f".{name}.*")]
+    """``name`` and the temporary siblings this package makes while replacing it (``.name.tmp/.new/.old/.lock``,
+    ``.name.tmp-<random>`` of an atomic file write), and nothing else: a user's ``.name.orig`` is not ours."""
+    ours = {f".{name}.{suffix}" for suffix in ("tmp", "new", "old", "lock")}
+    return [out / name, *(p for p in out.glob(f".{name}.*")
+                          if p.name in ours or re.fullmatch(rf"\.{re.escape(name)}\.tmp-[a-z0-9_]{{8}}", p.name))]
 
 
 def _resuming_here(cfg: TrainConfig) -> bool:
@@ -53,6 +56,10 @@ def check_output_dir(cfg: TrainConfig) -> None:
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--output-dir {out} exists and is not a folder")
+    kind, _, root = cfg.dataset.partition(":")
+    if kind in ("imagefolder", "videofolder") and root and out.resolve().is_relative_to(Path(root).resolve()):
+        raise ValueError(f"--output-dir {out} lies inside the dataset {root}: its checkpoints and plots would be read "
+                         "as a class (or images) on the next run; write the run outside the dataset folder")
     if not out.exists() or _resuming_here(cfg):
         return
     leftovers = sorted(p.name for p in out.iterdir() if p.name not in (LOCK_NAME, MANIFEST_NAME))
@@ -106,8 +113,9 @@ def resume_state_dir(resume: str | Path) -> Path:
     return recover_dir(resume_dir)
 
 
-def check_resume(cfg: TrainConfig, state_dir: Path) -> dict[str, Any]:
-    """The saved trainer state, after checking the run can continue exactly as ``cfg`` describes."""
+def check_resume(cfg: TrainConfig, state_dir: Path, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The saved trainer state, after checking the run can continue exactly as ``cfg`` describes, on the same data
+    (``data``: :func:`~pape_hub.data.data_fingerprint` of today's splits)."""
     path = state_dir / "trainer_state.json"
     if not path.exists():
         raise FileNotFoundError(f"cannot resume: {path} does not exist (was the run saved at least one epoch?)")
@@ -119,6 +127,7 @@ def check_resume(cfg: TrainConfig, state_dir: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"cannot resume exactly: {state_dir} has no random-number state "
                                 f"({RNG_STATE_NAME}_*.pkl); the data order and augmentation would differ")
     check_state_files(state_dir)
+    check_same_data(saved.get("data"), data, state_dir)
     now = asdict(cfg)
     changed = {k: (_saved_setting(saved["config"], k), now[k]) for k in RESUME_HPARAMS
                if comparable(_saved_setting(saved["config"], k)) != comparable(now[k])}
@@ -127,6 +136,20 @@ def check_resume(cfg: TrainConfig, state_dir: Path) -> dict[str, Any]:
         raise ValueError(f"cannot resume {state_dir} with other hyper-parameters ({listing}); pass the saved values, "
                          "or --allow-changed-hparams to continue with the new ones")
     return saved
+
+
+def check_same_data(saved: dict[str, Any] | None, now: dict[str, Any] | None, state_dir: Path) -> None:
+    """Refuse to resume on other data: files added to or removed from a folder re-cut the validation split, so that
+    images trained on would be validated on (and the reverse). A state saved before splits were recorded has none."""
+    if saved is None or now is None:
+        return
+    changed = [f"{name}: {saved[name]['count']} samples then, {now[name]['count']} now" +
+               ("" if saved[name]["count"] != now[name]["count"] else " (other files)")
+               for name in ("train", "val", "test") if name in saved and saved[name] != now.get(name)]
+    if changed:
+        raise ValueError(f"cannot resume {state_dir}: the data changed since it was saved ({'; '.join(changed)}), so "
+                         "its splits would no longer be the run's (trained-on images could land in validation). "
+                         "Restore the dataset as it was, or start a new run (--output-dir elsewhere)")
 
 
 def check_state_files(state_dir: Path) -> None:
