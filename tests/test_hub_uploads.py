@@ -154,13 +154,19 @@ def test_the_access_log_is_bounded(hub):
     assert len(hub.requests) == ACCESS_LOG_LENGTH
 
 
-def test_push_refuses_a_link_out_of_the_folder(hub, tmp_path):
+def test_push_never_follows_a_link_out_of_the_folder(hub, tmp_path):
+    """A link the checkpoint did not write is not sent; one named by --include is refused before any upload."""
     folder = tiny_checkpoint(tmp_path / "ckpt")
     (tmp_path / "secret.json").write_text('{"private": "data"}')
     os.symlink(tmp_path / "secret.json", folder / "results.json")
     done = client(hub, tmp_path, f"""
         from pape_hub_cli import main
+        main(["push", "{folder}", "--repo-id", "org/linked", "--include", "results.json"])
+    """)
+    assert "is a link or lies outside" in done.stderr, done.stderr[-2000:]
+    assert not hub.repo_exists("org/linked")
+    done = client(hub, tmp_path, f"""
+        from pape_hub_cli import main
         main(["push", "{folder}", "--repo-id", "org/linked"])
     """)
-    assert "holds links (results.json)" in done.stderr, done.stderr[-2000:]
-    assert not hub.repo_exists("org/linked")
+    assert "results.json" not in hub.files("org/linked"), done.stderr[-2000:]

@@ -45,8 +45,9 @@ def test_comparison_context_lives_beside_the_evaluation(tmp_path):
 
 
 #: the layers of ARCHITECTURE.md, bottom first: a module imports its own layer and those below, never above
-LAYERS = [("encodings",), ("layers",), ("models",), ("hf",), ("records",), ("checkpoint", "card", "settings",
-          "import_hooks", "progress", "cpu"), ("recipes",), ("data", "hub"), ("evaluation",), ("training",),
+LAYERS = [("folder",), ("encodings",), ("layers",), ("models",), ("hf",), ("records",),
+          ("checkpoint", "card", "settings", "import_hooks", "progress", "cpu"), ("recipes",), ("data", "hub"),
+          ("evaluation",), ("training",),
           ("commands", "run"), ("__init__",)]
 
 

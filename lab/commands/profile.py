@@ -185,10 +185,20 @@ OVER_LIMIT = {
              "108 a layer (4.4x APE's model). Stacking the two axes of a square grid would halve that (not done); "
              "only a fused kernel gets under 1.6x",
     "sape2_ape": "SaPE2's per-layer bias, plus the learned table",
+    "pape": "1.65x: under 16-bit attention each layer splits its float32 query channels into a 16-bit head and "
+            "remainder (a cast, a subtraction, a cast, a concatenation; the keys' split is made once per forward), "
+            "which keeps the positional channels at float32 precision in attention - without it PaPE's pooled "
+            "features drifted 119% from float32 at 6x the training grid (reliability round 3). Three calls a layer "
+            "over the 1.6x the unsplit channels met",
 }
 #: encodings that keep a float32 matmul under autocast, and why (tests/test_precision.py decides)
-FLOAT32_UNDER_AUTOCAST = {"pape": "the content projection of the query channels: in bf16 it adds error to the "
-                          "quadratic channels at 4x the training grid (tests/test_precision.py)"}
+FLOAT32_UNDER_AUTOCAST = {
+    "pape": "the content projection of the query channels: in bf16 it adds error to the quadratic channels at 4x and "
+            "6x the training grid (tests/test_precision.py)",
+    "pape_ri": "the content projection of the curvatures: with the channels carried into attention at float32 "
+               "precision, a bf16 projection is what is left of the error at 6x the training grid "
+               "(tests/test_precision.py)",
+}
 
 
 def matmul_flops(name: str, args: tuple, out: Any) -> tuple[float, Any]:

@@ -89,16 +89,16 @@ class LearnedAbsolute(PositionEncoding):
                              "be whole, non-negative patch indices (timm's patch_coord); free coordinates fall "
                              "between its cells")
         cells = cells.long().masked_fill(~valid[..., None], 0)  # (B, N, p), coordinate order
-        sizes = pos.sample_grid_sizes()  # (B, p), coordinate order
+        sizes = pos.sample_grid_sizes()  # (B, N, p): each token's image's grid, coordinate order
         x_rows = self.pos_embed.new_zeros(cells.shape[0], cells.shape[1], self.ctx.dim)
-        for size in torch.unique(sizes, dim=0):  # one resampling per distinct grid size
+        for size in torch.unique(sizes[valid], dim=0):  # one resampling per distinct grid size
             grid = tuple(int(v) for v in size.flip(0))  # grid order (H, W) / (T, H, W)
             table = resample_table(self.pos_embed, grid, self.ctx.grid_size, self.table_prefix)
             rows = table[0, self.table_prefix:]  # (prod(grid), D), row-major
             strides = torch.tensor([math.prod(grid[d + 1:]) for d in range(len(grid))], device=cells.device)
             flat = (cells.flip(-1) * strides).sum(-1).clamp(max=rows.shape[0] - 1)  # (B, N)
-            mine = (sizes == size).all(-1)  # (B,) the samples of this size
-            x_rows = torch.where(mine[:, None, None], rows[flat], x_rows)
+            mine = (sizes == size).all(-1)  # (B, N) the tokens of images of this size
+            x_rows = torch.where(mine[..., None], rows[flat], x_rows)
         out = x_rows.masked_fill(~valid[..., None], 0.0)  # padding gets nothing
         prefix = self.pos_embed[:, : self.table_prefix].expand(out.shape[0], -1, -1)
         missing = self.ctx.num_prefix_tokens - self.table_prefix  # prefix tokens without a row of their own: zeros

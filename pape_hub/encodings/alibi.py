@@ -9,11 +9,20 @@ CLS attends to, and is attended by, every token without penalty.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype, pad_prefix_bias
+from .base import (
+    BiasCoords,
+    EncodingContext,
+    PositionEncoding,
+    TokenPositions,
+    blockwise,
+    compute_dtype,
+    pad_prefix_bias,
+)
 from .registry import register_encoding
 
 __all__ = ["ALiBi", "LookHere", "alibi_slopes", "assign_head_views", "head_slope", "split_heads"]
@@ -35,10 +44,11 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.tensor(power_of_two(m) + power_of_two(2 * m)[0::2][: num_heads - m])
 
 
-def pairwise_distance(coords: torch.Tensor) -> torch.Tensor:
-    """(..., N, p) -> (..., N, N) Euclidean distances, float32."""
+def pairwise_distance(coords: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+    """(..., N, p) -> (..., N, N) Euclidean distances in float32; with ``keys`` (..., M, p), (..., N, M)."""
     c = coords.to(compute_dtype(coords))
-    return (c[..., :, None, :] - c[..., None, :, :]).norm(dim=-1)
+    other = c if keys is None else keys.to(c.dtype)
+    return (c[..., :, None, :] - other[..., None, :, :]).norm(dim=-1)
 
 
 @register_encoding("alibi")
@@ -72,11 +82,26 @@ class ALiBi(PositionEncoding):
         dist = pairwise_distance(coords)[..., None, :, :]  # (..., 1, N, N)
         return -self.slopes.to(dist.dtype)[:, None, None] * dist
 
-    def prepare(self, pos: TokenPositions) -> torch.Tensor:
+    def prepare(self, pos: TokenPositions) -> torch.Tensor | BiasCoords:
+        """The whole bias, cached per grid; for long sequences the coordinates (:func:`blockwise`)."""
+        if blockwise(pos.num_patches + pos.num_prefix_tokens):
+            return BiasCoords.of(pos)
         return self.cached(pos.cache_key(), lambda: pad_prefix_bias(self.bias(pos.coords), pos.num_prefix_tokens))
 
     def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor:
-        return state
+        return self.rows(state, 0, state.coords.shape[-2]) if isinstance(state, BiasCoords) else state
+
+    def attn_bias_rows(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any
+                       ) -> Callable[[int, int], torch.Tensor]:
+        if isinstance(state, BiasCoords):
+            return lambda start, stop: self.rows(state, start, stop)
+        return lambda start, stop: state[..., start:stop, :]
+
+    def rows(self, state: BiasCoords, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` of the bias from the coordinates: (B', heads, rows, P+N)."""
+        queries, keys, both = state.rows(start, stop)
+        dist = pairwise_distance(queries, keys) * both  # (B', rows, T); prefix rows and columns zero
+        return -self.slopes.to(dist.dtype)[:, None, None] * dist[:, None]
 
 
 # Each view says which keys a head may see, from the offset (dx, dy) = p_key - p_query, y growing down.
@@ -185,25 +210,47 @@ class LookHere(PositionEncoding):
         self.head_slopes.copy_(self.global_slope * torch.tensor([head_slope(v, i) for v, i in self.heads]))
         self.layer_slopes.copy_(torch.linspace(*self.layer_slope_range, self.ctx.depth))
 
-    def base_bias(self, coords: torch.Tensor) -> torch.Tensor:
+    def base_bias(self, coords: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
         """(N, 2) -> (heads, N, N): -global * head slope * distance, -inf outside each head's view; (B, N, 2) per
-        sample -> (B, heads, N, N). The views read each pair's offset, so they follow the coordinates, not the
-        token order."""
+        sample -> (B, heads, N, N); with ``keys`` (..., M, 2) the rows of ``coords`` as queries against those keys,
+        (..., heads, N, M). The views read each pair's offset, so they follow the coordinates, not the token
+        order."""
         c = coords.to(compute_dtype(coords))
-        dx = c[..., None, :, 0] - c[..., :, None, 0]  # (..., N, N): key x - query x
-        dy = c[..., None, :, 1] - c[..., :, None, 1]
+        other = c if keys is None else keys.to(c.dtype)
+        dx = other[..., None, :, 0] - c[..., :, None, 0]  # (..., N, M): key x - query x
+        dy = other[..., None, :, 1] - c[..., :, None, 1]
         slopes = self.head_slopes.to(c.dtype) if not self.bias_rounding else torch.tensor(  # float64, unrounded
             [self.global_slope * head_slope(v, i) for v, i in self.heads], dtype=c.dtype, device=c.device)
-        bias = -slopes[:, None, None] * pairwise_distance(c)[..., None, :, :]
-        visible = torch.stack([_VIEWS[v](dx, dy) for v in self.views], dim=-3)  # (..., heads, N, N)
+        bias = -slopes[:, None, None] * pairwise_distance(c, other)[..., None, :, :]
+        visible = torch.stack([_VIEWS[v](dx, dy) for v in self.views], dim=-3)  # (..., heads, N, M)
         return bias.masked_fill(~visible, float("-inf"))
 
-    def prepare(self, pos: TokenPositions) -> torch.Tensor:
+    def prepare(self, pos: TokenPositions) -> torch.Tensor | BiasCoords:
+        """The layer-free bias, cached per grid; for long sequences the coordinates (:func:`blockwise`)."""
+        if blockwise(pos.num_patches + pos.num_prefix_tokens):
+            state = BiasCoords.of(pos)
+            return state._replace(coords=state.coords.double()) if self.bias_rounding else state
         coords = pos.coords.double() if self.bias_rounding else pos.coords  # rounding: from float64, as the reference
         return self.cached(pos.cache_key(), lambda: pad_prefix_bias(self.base_bias(coords), pos.num_prefix_tokens))
 
+    def attn_bias_rows(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any
+                       ) -> Callable[[int, int], torch.Tensor]:
+        if isinstance(state, BiasCoords):
+            def rows(start: int, stop: int) -> torch.Tensor:
+                queries, keys, both = state.rows(start, stop)
+                base = self.base_bias(queries, keys).masked_fill(~both, 0.0)  # prefix rows and columns: no bias
+                return self.layer_bias(layer, base, q)
+            return rows
+        return lambda start, stop: self.layer_bias(layer, state[..., start:stop, :], q)
+
     def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor:
         """(heads, P+N, P+N), or (B, heads, P+N, P+N) per sample: this layer's slope times the grid's bias."""
+        if isinstance(state, BiasCoords):
+            return self.attn_bias_rows(layer, q, k, state)(0, state.coords.shape[-2])
+        return self.layer_bias(layer, state, q)
+
+    def layer_bias(self, layer: int, state: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """The layer's slope times the layer-free bias (or a block of its rows)."""
         if not self.bias_rounding:
             return state * self.layer_slopes[layer]
         # the layer's bias in float64 (its slope as numpy's linspace computes it, not the float32 buffer), then

@@ -31,15 +31,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    "EncodingContext", "PositionEncoding", "TokenPositions", "autocast_dtype", "compute_dtype", "full_precision",
-    "grid_positions", "pad_prefix_bias",
+    "BLOCKWISE_FROM", "BLOCK_ROWS", "STATE_BYTES", "BiasCoords", "EncodingContext", "PositionEncoding",
+    "TokenPositions", "autocast_dtype", "blockwise", "compute_dtype", "full_precision", "grid_positions",
+    "pad_prefix_bias",
 ]
 
 
@@ -104,19 +105,30 @@ class TokenPositions:
         return self.coords if self.per_sample else self.coords[None]
 
     def extent(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(lowest, highest) coordinate per sample and axis over the valid tokens, each (B', p): a padded token's
-        coordinate counts for nothing."""
+        """(lowest, highest) coordinate of each token's image, per axis, over its valid tokens: each (B', N, p) (a
+        token's own sample, or in a packed row its own image). A padded token's coordinate counts for nothing."""
         coords = self.sample_coords()
-        if self.valid is None:
-            return coords.amin(-2), coords.amax(-2)
-        hidden = (~self.valid)[..., None]
+        valid = self.valid if self.valid is not None else torch.ones(coords.shape[:2], dtype=torch.bool,
+                                                                     device=coords.device)
         big = torch.finfo(coords.dtype).max
-        return coords.masked_fill(hidden, big).amin(-2), coords.masked_fill(hidden, -big).amax(-2)
+        if self.segments is None:
+            hidden = (~valid)[..., None]
+            low = coords.masked_fill(hidden, big).amin(-2, keepdim=True)
+            high = coords.masked_fill(hidden, -big).amax(-2, keepdim=True)
+            return low.expand_as(coords), high.expand_as(coords)
+        images = int(self.segments.max()) + 1
+        member = (self.segments[:, None, :] == torch.arange(images, device=coords.device)[None, :, None]) \
+            & valid[:, None]  # (B, S, N)
+        hidden = ~member[..., None]  # (B, S, N, 1)
+        low = coords[:, None].masked_fill(hidden, big).amin(-2)  # (B, S, p)
+        high = coords[:, None].masked_fill(hidden, -big).amax(-2)
+        index = self.segments.clamp(min=0)[..., None].expand_as(coords)  # each token's image
+        return low.gather(1, index), high.gather(1, index)
 
     def sample_grid_sizes(self) -> torch.Tensor:
-        """(B', p) grid extent per sample (highest index + 1) of whole-patch coordinates, in coordinate axis
+        """(B', N, p) the grid of each token's image (its highest patch index + 1 per axis), in coordinate axis
         order (W, H[, T]), as timm's NaFlex computes each sample's grid from its coordinates."""
-        low, high = self.extent()
+        _, high = self.extent()
         return (high / self.axis_scale).round().long() + 1
 
     def attention_mask(self) -> torch.Tensor | None:
@@ -165,6 +177,43 @@ def grid_positions(
     if scale is not None:
         coords = coords * torch.tensor(scale, device=device, dtype=dtype)
     return TokenPositions(coords, num_prefix_tokens, tuple(grid_size), scale)
+
+
+#: from this many tokens (prefix included) attention runs in blocks of query rows and a bias encoding forms its bias
+#: one block at a time from coordinates (:meth:`PositionEncoding.attn_bias_rows`): no (heads, N, N) tensor is held.
+#: Below it the whole bias is built once and cached across forwards (the fast path at training sizes).
+BLOCKWISE_FROM = 1024
+#: query rows per block of the blockwise path
+BLOCK_ROWS = 256
+#: per-forward state shared by every layer (rotary tables, PaPE's projected positions) is kept for all layers at once
+#: only while it stays under this many bytes; above it each layer makes its own, which costs a few elementwise kernels
+STATE_BYTES = 32 << 20
+
+
+def blockwise(num_tokens: int) -> bool:
+    """Whether a sequence of ``num_tokens`` (prefix included) takes the blockwise path (:data:`BLOCKWISE_FROM`); never
+    while torch.compile, torch.export or torch.fx trace (their graphs take the whole-bias path)."""
+    tracing = torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
+    return not tracing and num_tokens >= BLOCKWISE_FROM
+
+
+class BiasCoords(NamedTuple):
+    """A bias encoding's per-forward state on the blockwise path: the coordinates instead of the bias. ``coords``
+    (B', P+N, p) with the prefix rows zero, ``patch`` (P+N,) False for prefix tokens (which get no bias)."""
+
+    coords: torch.Tensor
+    patch: torch.Tensor
+
+    @classmethod
+    def of(cls, pos: TokenPositions) -> BiasCoords:
+        coords = F.pad(pos.sample_coords(), (0, 0, pos.num_prefix_tokens, 0))
+        patch = torch.ones(coords.shape[-2], dtype=torch.bool, device=coords.device)
+        patch[: pos.num_prefix_tokens] = False
+        return cls(coords, patch)
+
+    def rows(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(query coordinates (B', r, p), key coordinates (B', T, p), (r, T) True where both are patch tokens)."""
+        return self.coords[:, start:stop], self.coords, self.patch[start:stop, None] & self.patch[None, :]
 
 
 def full_precision(device: torch.device) -> Any:
@@ -245,6 +294,13 @@ class PositionEncoding(nn.Module):
 
     def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor | None:
         """Additive logit bias, added after the q.k scaling: (heads, P+N, P+N) or (B, heads, P+N, P+N)."""
+        return None
+
+    def attn_bias_rows(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any
+                       ) -> Callable[[int, int], torch.Tensor] | None:
+        """The bias one block of query rows at a time, for long sequences (:data:`BLOCKWISE_FROM`): a function of
+        (start, stop) giving rows ``start:stop`` of :meth:`attn_bias`, (heads | B, heads, stop - start, P+N), exactly.
+        None: the encoding has no blockwise form, and attention takes the whole bias."""
         return None
 
     def set_grid_size(self, grid_size: tuple[int, ...], old_grid_size: tuple[int, ...]) -> None:

@@ -25,11 +25,25 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from .base import EncodingContext, PositionEncoding, TokenPositions, autocast_dtype, compute_dtype, full_precision
+from .base import (
+    STATE_BYTES,
+    EncodingContext,
+    PositionEncoding,
+    TokenPositions,
+    autocast_dtype,
+    compute_dtype,
+    full_precision,
+)
 from .registry import register_encoding
 
-__all__ = ["LieRE", "skew_symmetric"]
+__all__ = ["CACHE_BYTES", "LieRE", "skew_symmetric"]
+
+#: every layer's rotations are cached across forwards (at inference, per grid) while together they take at most this
+#: many bytes (LieRE-8 at ViT-B/16 448 px: 231 MB; they cost a matrix_exp per token, head and block to remake); above,
+#: each layer makes its own in every forward
+CACHE_BYTES = 256 << 20
 
 
 def skew_symmetric(raw: torch.Tensor) -> torch.Tensor:
@@ -90,11 +104,19 @@ class LieRE(PositionEncoding):
         """(token coordinates, each layer's rotations). While gradients flow into the generators the rotations are
         left to :meth:`transform_qk`, one layer at a time: the backward of one all-layer ``matrix_exp`` would hold
         every layer's intermediates at once (over 10 GB for dense LieRE at ViT-B/16)."""
-        if (torch.is_grad_enabled() and self.generators.requires_grad) or torch.compiler.is_compiling():
+        if (torch.is_grad_enabled() and self.generators.requires_grad) or torch.compiler.is_compiling() \
+                or self.layer_bytes(pos) * self.ctx.depth > CACHE_BYTES:
             # compiled: no Python cache inside a graph (and no graph break, so fullgraph=True holds); each layer's
-            # matrix_exp is part of the graph and recomputed per call
+            # matrix_exp is part of the graph and recomputed per call. Large grids: every layer's rotations would
+            # hold more than CACHE_BYTES, so each layer makes its own, a block of tokens at a time
             return self.token_coordinates(pos), None
         return self.token_coordinates(pos), self._cached_rotations(pos)
+
+    def layer_bytes(self, pos: TokenPositions) -> int:
+        """What one layer's rotations take: (B', H, P+N, G, b, b) float32."""
+        batch = pos.coords.shape[0] if pos.per_sample else 1
+        tokens = pos.num_patches + pos.num_prefix_tokens
+        return 4 * batch * self.ctx.num_heads * tokens * self.num_blocks * self.block_size**2
 
     def _cached_rotations(self, pos: TokenPositions) -> tuple[torch.Tensor, ...]:
         """Computed in float32 one layer at a time (matrix_exp's temporaries for every layer at once need ~10x the
@@ -129,11 +151,28 @@ class LieRE(PositionEncoding):
     def transform_qk(self, layer: int, qk: torch.Tensor, x: torch.Tensor, state: Any) -> torch.Tensor:
         coords, all_layers = state
         if all_layers is not None:
-            rot = all_layers[layer]
-        else:
+            return self.rotate(qk, all_layers[layer])
+        tokens = coords.shape[-2]
+        size = 4 * (coords.shape[0] if coords.ndim == 3 else 1) * self.ctx.num_heads * tokens * \
+            self.num_blocks * self.block_size**2
+        if size <= STATE_BYTES or torch.compiler.is_compiling():  # the layer's rotations at once
             with full_precision(coords.device):
-                rot = self.rotations(coords, layer)
-        return self.rotate(qk, rot)
+                return self.rotate(qk, self.rotations(coords, layer))
+        # a large grid: the rotations of a block of tokens, used and dropped; in training each block is recomputed
+        # in backward (checkpointed), so matrix_exp's intermediates never cover every token
+        step = max(1, tokens * STATE_BYTES // size)
+        blocks = []
+        for start in range(0, tokens, step):
+            part = qk[..., start : start + step, :]
+            block = coords[..., start : start + step, :]
+            blocks.append(checkpoint(self.rotate_block, part, block, layer, use_reentrant=False)
+                          if torch.is_grad_enabled() else self.rotate_block(part, block, layer))
+        return torch.cat(blocks, dim=-2)
+
+    def rotate_block(self, qk: torch.Tensor, coords: torch.Tensor, layer: int) -> torch.Tensor:
+        """Queries and keys of a block of tokens rotated by that block's rotations of ``layer``."""
+        with full_precision(coords.device):
+            return self.rotate(qk, self.rotations(coords, layer))
 
     def no_weight_decay(self) -> set[str]:
         return {"generators"}

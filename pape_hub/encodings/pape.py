@@ -39,10 +39,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import EncodingContext, PositionEncoding, TokenPositions, autocast_dtype, compute_dtype, full_precision
+from .base import (
+    STATE_BYTES,
+    EncodingContext,
+    PositionEncoding,
+    TokenPositions,
+    autocast_dtype,
+    compute_dtype,
+    full_precision,
+)
 from .registry import register_encoding
 
-__all__ = ["PaPE", "PaPERI", "quadratic_key_monomials", "quadratic_query_coefficients"]
+__all__ = ["PaPE", "PaPERI", "quadratic_key_monomials", "quadratic_query_coefficients", "split_keys",
+           "split_queries"]
 
 
 def _upper_pairs(p: int) -> tuple[list[int], list[int]]:
@@ -66,6 +75,30 @@ def quadratic_query_coefficients(quad: torch.Tensor, lin: torch.Tensor) -> torch
     rows, cols = _upper_pairs(p)
     weight = torch.tensor([1.0 if u == v else 2.0 for u, v in zip(rows, cols)], device=quad.device, dtype=quad.dtype)
     return torch.cat([quad[..., rows, cols] * weight, lin], dim=-1)
+
+
+def split_queries(queries: torch.Tensor, channels: int, dtype: torch.dtype, pad: int) -> torch.Tensor:
+    """Positional query channels for attention in a 16-bit ``dtype`` without losing their float32 precision.
+
+    The key monomials grow with the square of the grid (r^2 ~ 1800 at 6x ViT-S/16's grid) while the score needs
+    their differences, ``a (r_j - r_i)^2``: rounded to bfloat16 (8 significant bits) the query and key channels
+    would each carry errors of several logits. So each float32 channel is written as a 16-bit head and the 16-bit
+    rounding of its remainder, ``c = hi + lo``, and the product as ``q_hi k_hi + q_hi k_lo + q_lo k_hi``: queries
+    ``[q_hi, q_hi, q_lo]`` against keys ``[k_hi, k_lo, k_hi]`` (:func:`split_keys`), which attention, accumulating
+    in float32, sums to within about 2^-16 of the float32 product. Three times the channels (15 for images), still
+    no N x N tensor. (..., C + padding) float32 -> (..., 3 C + pad) in ``dtype``."""
+    q = queries if queries.shape[-1] == channels else queries[..., :channels]
+    hi = q.to(dtype)
+    out = torch.cat([hi, hi, (q - hi).to(dtype)], dim=-1)
+    return F.pad(out, (0, pad)) if pad else out
+
+
+def split_keys(keys: torch.Tensor, channels: int, dtype: torch.dtype, pad: int) -> torch.Tensor:
+    """The keys' side of :func:`split_queries`: ``[k_hi, k_lo, k_hi]``."""
+    k = keys if keys.shape[-1] == channels else keys[..., :channels]
+    hi = k.to(dtype)
+    out = torch.cat([hi, (k - hi).to(dtype), hi], dim=-1)
+    return F.pad(out, (0, pad)) if pad else out
 
 
 class ParabolicEncoding(PositionEncoding):
@@ -100,11 +133,11 @@ class ParabolicEncoding(PositionEncoding):
         by the centre of the (valid) patches. Per sample, "first" and the centre are that sample's own, so a sample
         scores the same alone, padded, shuffled or shifted."""
         step = pos.axis_scale.to(compute_dtype(pos.coords))
-        low, high = pos.extent()  # (B', p) over the valid tokens
-        first, centre = low.to(step.dtype) + step, (low + high).to(step.dtype) / 2 + step
-        patches = pos.sample_coords().to(step.dtype) + step  # (B', N, p)
-        prefix = (first - step)[:, None].expand(-1, pos.num_prefix_tokens, -1)  # (B', P, p)
-        r = (torch.cat([prefix, patches], dim=1) - centre[:, None]) * self.position_scale  # (B', P+N, p)
+        low, high = pos.extent()  # (B', N, p): each token's image, over its valid tokens
+        centre = (low + high).to(step.dtype) / 2 + step
+        patches = pos.sample_coords().to(step.dtype) - centre + step  # (B', N, p)
+        prefix = (low[:, :1].to(step.dtype) - centre[:, :1]).expand(-1, pos.num_prefix_tokens, -1)  # (B', P, p)
+        r = torch.cat([prefix, patches], dim=1) * self.position_scale  # (B', P+N, p)
         return r if pos.per_sample else r[0]
 
     def key_channels(self, r: torch.Tensor) -> torch.Tensor:
@@ -133,34 +166,21 @@ class ParabolicEncoding(PositionEncoding):
                 padding = self.padding(r.device)
                 keys = F.pad(self.key_channels(r), (0, padding))  # (B', T, channels + padding), float32 (or 64)
                 layers = {name: tuple(t.unbind(0)) for name, t in self.layer_state(r, padding).items()}
-                return dict(r=r, keys=keys[:, None], **layers)  # keys (B', 1, T, E): broadcast over heads
+                keys = keys[:, None]  # (B', 1, T, E): broadcast over heads
+                wide = split_keys(keys, self.channels, working, self.padding_split(r.device)) \
+                    if working in (torch.bfloat16, torch.float16) else None
+                return dict(r=r, keys=keys, wide_keys=wide, **layers)
 
         key = pos.cache_key()  # None for per-token coordinates: built for every batch, never kept
         return self.cached(key and (key, working), build, depends_on_params=True)
 
-    def split_precision(self, queries: torch.Tensor, keys: torch.Tensor, dtype: torch.dtype
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positional channels for attention in a 16-bit ``dtype`` without losing their float32 precision.
-
-        The key monomials grow with the square of the grid (r^2 ~ 1800 at 6x ViT-S/16's grid) while the score needs
-        their differences, ``a (r_j - r_i)^2``: rounded to bfloat16 (8 significant bits) the query and key channels
-        would each carry errors of several logits. So each float32 channel is written as a 16-bit head and the
-        16-bit rounding of its remainder, ``c = hi + lo``, and the product as ``q_hi k_hi + q_hi k_lo + q_lo k_hi``:
-        queries ``[q_hi, q_hi, q_lo]`` against keys ``[k_hi, k_lo, k_hi]``, which attention (accumulating in float32)
-        sums to within about 2^-16 of the float32 product. Three times the channels (15 for images), still no
-        N x N tensor. Returns (queries, keys) padded as :meth:`padding` asks for the wider head."""
-        c = self.channels
-        q32, k32 = queries[..., :c].float(), keys[..., :c].float()
-        q_hi, k_hi = q32.to(dtype), k32.to(dtype)
-        q_lo, k_lo = (q32 - q_hi.float()).to(dtype), (k32 - k_hi.float()).to(dtype)
-        pad = -(self.ctx.head_dim + 3 * c) % 8 if queries.device.type != "cpu" else 0
-        wide_q = F.pad(torch.cat([q_hi, q_hi, q_lo], dim=-1), (0, pad))  # (B, H, T, 3 C + pad)
-        wide_k = F.pad(torch.cat([k_hi, k_lo, k_hi], dim=-1), (0, pad))  # (T, 3 C + pad)
-        return wide_q, wide_k
+    def padding_split(self, device: torch.device) -> int:
+        """Zero channels that make the head widened by :func:`split_queries` a multiple of 8 on a GPU."""
+        return -(self.ctx.head_dim + 3 * self.channels) % 8 if device.type != "cpu" else 0
 
     #: whether the query channels are computed in float32 under autocast. tests/test_precision.py decides it per
     #: encoding in float64 at 4x and 6x the training grid: with the channels' float32 precision kept into attention
-    #: (:meth:`split_precision`), a bf16 projection is what is left of the error, for PaPE (9x) and PaPE-RI (1.4-1.7x)
+    #: (:func:`split_queries`), a bf16 projection is what is left of the error, for PaPE (9x) and PaPE-RI (1.4-1.7x)
     float32_projection = True
 
     def transform_qk(self, layer: int, qk: torch.Tensor, x: torch.Tensor, state: Any) -> torch.Tensor:
@@ -171,8 +191,13 @@ class ParabolicEncoding(PositionEncoding):
         else:  # the autocast dtype, as q and k themselves
             queries = self.query_channels(layer, x, state)
         if qk.dtype in (torch.bfloat16, torch.float16):  # 16-bit attention: keep the channels' float32 precision
-            queries, keys = self.split_precision(queries, keys, qk.dtype)
-        extra = torch.stack([queries.to(qk.dtype), keys.to(qk.dtype).expand_as(queries)])  # (2, B, H, T, E)
+            pad = self.padding_split(x.device)
+            wide = state["wide_keys"] if state["wide_keys"] is not None and state["wide_keys"].dtype == qk.dtype \
+                else split_keys(keys, self.channels, qk.dtype, pad)
+            queries, keys = split_queries(queries, self.channels, qk.dtype, pad), wide  # already in qk's dtype
+        else:
+            queries, keys = queries.to(qk.dtype), keys.to(qk.dtype)
+        extra = torch.stack([queries, keys.expand_as(queries)])  # (2, B, H, T, E)
         return torch.cat([qk, extra], dim=-1)
 
 
@@ -230,13 +255,20 @@ class PaPE(ParabolicEncoding):
         # (sp or sp * s, head, parabola); columns: (head, channel), zero outside each head's own block
         tilt = torch.einsum("lhmp,lhmd->ldhp", w_p, self.tilt_proj.to(r.dtype).unflatten(1, (h, m)))  # W_p^T W_b
         tilt = F.pad(tilt, (q, padding)).flatten(2)  # (L, d, H C): zero for the quadratic and padding channels
-        s = torch.einsum("lhmp,btp->lbthm", w_p, r).flatten(-2)  # (L, B', T, H m) projected positions
-        return dict(curvature=self.curvature_proj.to(r.dtype).transpose(1, 2).contiguous(),  # (L, d, H m)
-                    coefficients=torch.cat([positional, tilt], dim=1), s=s)  # (L, 2 H m + d, H C)
+        state = dict(curvature=self.curvature_proj.to(r.dtype).transpose(1, 2).contiguous(),  # (L, d, H m)
+                     coefficients=torch.cat([positional, tilt], dim=1))  # (L, 2 H m + d, H C)
+        if depth * r.shape[0] * r.shape[1] * h * m * 4 <= STATE_BYTES:  # every layer's projected positions at once
+            state["s"] = torch.einsum("lhmp,btp->lbthm", w_p, r).flatten(-2)  # (L, B', T, H m)
+        return state  # on large grids each layer projects its own (:meth:`projected_positions`)
+
+    def projected_positions(self, layer: int, r: torch.Tensor) -> torch.Tensor:
+        """s = W_p r of one layer: (B', T, H m)."""
+        return torch.einsum("hmp,btp->bthm", self.position_proj[layer].to(r.dtype), r).flatten(-2)
 
     def query_channels(self, layer: int, x: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
         sp = F.softplus(x @ state["curvature"][layer].to(x.dtype))  # (B, T, H m) = -a
-        terms = torch.cat([sp, sp * state["s"][layer].to(sp.dtype), x], dim=-1)  # (B, T, 2 H m + d)
+        s = state["s"][layer] if "s" in state else self.projected_positions(layer, state["r"])
+        terms = torch.cat([sp, sp * s.to(sp.dtype), x], dim=-1)  # (B, T, 2 H m + d)
         out = terms @ state["coefficients"][layer].to(terms.dtype)  # (B, T, H C)
         return out.unflatten(-1, (self.ctx.num_heads, -1)).transpose(1, 2)  # (B, H, T, C)
 

@@ -17,13 +17,13 @@ or concatenation.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from .absolute import AddsLearnedTable
-from .base import EncodingContext, PositionEncoding, TokenPositions, compute_dtype, full_precision
+from .base import STATE_BYTES, EncodingContext, PositionEncoding, TokenPositions, compute_dtype, full_precision
 from .registry import register_encoding
 
 __all__ = ["AxialRoPE", "DINOv3RoPE", "PolarRoPE", "RoPEMixed", "RotaryEncoding", "rotate_pairs", "rotation_tables"]
@@ -43,6 +43,13 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
     swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x2, x1) per pair
     return torch.addcmul(x * cos, swapped, sin)
+
+
+class LayerCoords(NamedTuple):
+    """The per-forward state of an encoding that makes each layer's tables in that layer: coordinates (B', N, p)."""
+
+    coords: torch.Tensor
+    num_prefix_tokens: int
 
 
 class RotaryEncoding(AddsLearnedTable, PositionEncoding):
@@ -66,16 +73,37 @@ class RotaryEncoding(AddsLearnedTable, PositionEncoding):
         """(L, B', H, N, head_dim / 2) rotation angles in float32."""
         raise NotImplementedError
 
-    def prepare(self, pos: TokenPositions) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, signed sin) tables, (L, B', H, P+N, head_dim), float32 (float64 for float64 positions)."""
+    def prepare(self, pos: TokenPositions) -> tuple[torch.Tensor, torch.Tensor] | LayerCoords:
+        """(cos, signed sin) tables, (L, B', H, P+N, head_dim), float32 (float64 for float64 positions); where the
+        tables of every layer would exceed :data:`STATE_BYTES` (RoPE-Mixed on large grids), the coordinates, from
+        which each layer makes its own (:meth:`layer_phases`)."""
+        if type(self).layer_phases is not RotaryEncoding.layer_phases and self.table_bytes(pos) > STATE_BYTES:
+            return LayerCoords(pos.sample_coords().to(compute_dtype(pos.coords)), pos.num_prefix_tokens)
+
         def build() -> tuple[torch.Tensor, torch.Tensor]:
             with full_precision(pos.coords.device):
                 return rotation_tables(self.phases(pos).to(compute_dtype(pos.coords)), pos.num_prefix_tokens)
 
         return self.cached(pos.cache_key(), build, depends_on_params=self.learned_phases)
 
+    def table_bytes(self, pos: TokenPositions) -> int:
+        """What the (cos, sin) tables of every layer would take: 2 x (L, B', H, P+N, head_dim) float32."""
+        batch = pos.coords.shape[0] if pos.per_sample else 1
+        tokens = pos.num_patches + pos.num_prefix_tokens
+        return 2 * 4 * self.ctx.depth * batch * self.ctx.num_heads * tokens * self.ctx.head_dim
+
+    def layer_phases(self, coords: torch.Tensor, layer: int) -> torch.Tensor:
+        """(1, B', H, N, head_dim / 2): one layer's rotation angles of ``coords`` (B', N, p); encodings whose phases
+        differ per layer implement it, so large grids need not hold every layer's tables."""
+        raise NotImplementedError
+
     def transform_qk(self, layer: int, qk: torch.Tensor, x: torch.Tensor, state: Any) -> torch.Tensor:
-        cos, sin = state
+        if isinstance(state, LayerCoords):  # this layer's tables only, made now
+            with full_precision(qk.device):
+                phases = self.layer_phases(state.coords, layer).to(state.coords.dtype)
+                cos, sin = rotation_tables(phases, state.num_prefix_tokens)
+        else:
+            cos, sin = state
         index = layer if cos.shape[0] > 1 else 0
         return rotate_pairs(qk.to(cos.dtype), cos[index], sin[index]).to(qk.dtype)
 
@@ -141,8 +169,8 @@ class DINOv3RoPE(AxialRoPE):
         index = pos.sample_coords().to(dtype) / pos.axis_scale.to(dtype)  # patch indices, whatever the interpolation
         if pos.grid_size is not None and not pos.per_sample:
             sizes = torch.tensor(pos.grid_size[::-1], dtype=dtype, device=index.device)  # (W, H): coordinate order
-        else:  # each sample's own grid, its highest index + 1 (timm's NaFlex DINOv3 RoPE), (B', 1, p)
-            sizes = pos.sample_grid_sizes().to(dtype)[:, None]
+        else:  # each image's own grid, its highest index + 1 (timm's NaFlex DINOv3 RoPE), (B', N, p)
+            sizes = pos.sample_grid_sizes().to(dtype)
         return self.axial_phases(2 * math.pi * (2 * (index + 0.5) / sizes - 1))
 
 
@@ -195,6 +223,9 @@ class RoPEMixed(RotaryEncoding):
         dtype = compute_dtype(pos.coords)
         return torch.einsum("bnp,lhpk->lbhnk", pos.sample_coords().to(dtype), self.freqs.to(dtype))
 
+    def layer_phases(self, coords: torch.Tensor, layer: int) -> torch.Tensor:
+        return torch.einsum("bnp,hpk->bhnk", coords, self.freqs[layer].to(coords.dtype))[None]
+
     def no_weight_decay(self) -> set[str]:
         return {"freqs"} | super().no_weight_decay()
 
@@ -236,16 +267,16 @@ class PolarRoPE(RotaryEncoding):
 
     @staticmethod
     def polar(coords: torch.Tensor, centre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B', N, 2) -> radius and angle about ``centre`` (B', 2)."""
-        x, y = (coords - centre[:, None]).unbind(-1)
+        """(B', N, 2) -> radius and angle about each token's ``centre`` (B', N, 2)."""
+        x, y = (coords - centre).unbind(-1)
         # sqrt of the sum of squares, not torch.hypot: ONNX has no hypot, and grid coordinates cannot overflow
         return (x * x + y * y).sqrt(), torch.atan2(y, x)
 
     def phases(self, pos: TokenPositions) -> torch.Tensor:
         dtype = compute_dtype(pos.coords)
         coords = pos.sample_coords().to(dtype)
-        low, high = pos.extent()  # the centre of each sample's valid tokens' bounding box: ((W-1)/2, (H-1)/2)
-        r, theta = self.polar(coords[..., :2], ((low + high) / 2)[:, :2].to(dtype))
+        low, high = pos.extent()  # the centre of each image's valid tokens' bounding box: ((W-1)/2, (H-1)/2)
+        r, theta = self.polar(coords[..., :2], ((low + high) / 2)[..., :2].to(dtype))
         omega = self.omega.to(r.dtype)
         parts = [r, theta] + ([coords[..., 2]] if coords.shape[-1] == 3 else [])  # time is axial
         ang = torch.cat([v[..., None] * omega for v in parts], dim=-1)  # (B', N, groups * K)

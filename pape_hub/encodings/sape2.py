@@ -22,9 +22,11 @@ The paper has no class token in this path: CLS gets a zero bias row and column a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
 
@@ -62,12 +64,13 @@ def contextual_position_logits(
     return out if inside is None else out * inside[..., None, :].to(out.dtype)
 
 
-def pairwise_l2(x: torch.Tensor) -> torch.Tensor:
-    """(..., N, L) -> (..., N, N) Euclidean distances; in float32 for 16-bit inputs on CPU, where ``cdist`` has no
-    half-precision kernel."""
+def pairwise_l2(x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+    """(..., N, L) -> (..., N, N) Euclidean distances (to ``y`` (..., M, L): (..., N, M)); in float32 for 16-bit
+    inputs on CPU, where ``cdist`` has no half-precision kernel."""
+    y = x if y is None else y
     if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
-        return torch.cdist(x.float(), x.float()).to(x.dtype)
-    return torch.cdist(x, x)
+        return torch.cdist(x.float(), y.float()).to(x.dtype)
+    return torch.cdist(x, y)
 
 
 def scatter_plan(pos: TokenPositions) -> dict[str, Any]:
@@ -87,7 +90,7 @@ def scatter_plan(pos: TokenPositions) -> dict[str, Any]:
         raise ValueError("sape2 counts tokens along the rows and columns of a grid, so per-token coordinates must be "
                          "whole, non-negative patch indices (timm's patch_coord); free coordinates have no rows")
     cells = cells.long().masked_fill(~valid[..., None], 0)
-    extent = pos.sample_grid_sizes().expand(cells.shape[0], -1)  # (B, p) coordinate order
+    extent = pos.sample_grid_sizes()[:, 0]  # (B, p) coordinate order: one image a row
     grid = tuple(int(v) for v in extent.amax(0).flip(0))  # grid order: (H, W) / (T, H, W)
     strides = torch.tensor([math.prod(grid[d + 1:]) for d in range(len(grid))], device=cells.device)  # grid order
     flat = (cells.flip(-1) * strides).sum(-1)  # (B, N)
@@ -165,6 +168,27 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
     def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor:
         """(B, heads, P+N, P+N). Per-token inputs are scattered onto their grid first (empty cells gate nothing,
         positions past a sample's own grid count for nothing), then read back in the tokens' order."""
+        vectors = self.sape_vectors(layer, q, k, state)
+        bias = sum(pairwise_l2(v) for v in vectors)  # (B, H, N, N): eq. 16, one distance per axis
+        return pad_prefix_bias(bias * self.ctx.head_dim**-0.5, self.ctx.num_prefix_tokens)  # divided by sqrt(d) too
+
+    def attn_bias_rows(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any
+                       ) -> Callable[[int, int], torch.Tensor]:
+        """The SaPE vectors of every token are made once per layer ((B, H, N, L) per axis, no N x N), then each
+        block of query rows takes its distances to every key."""
+        vectors, p = self.sape_vectors(layer, q, k, state), self.ctx.num_prefix_tokens
+        scale = self.ctx.head_dim**-0.5
+
+        def rows(start: int, stop: int) -> torch.Tensor:
+            first = max(start, p) - p  # the block's patch rows; prefix rows and columns get no bias
+            distance = sum(pairwise_l2(v[:, :, first : stop - p], v) for v in vectors) * scale  # (B, H, r', N)
+            return F.pad(distance, (p, 0, stop - start - distance.shape[-2], 0))
+
+        return rows
+
+    def sape_vectors(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> list[torch.Tensor]:
+        """Per axis (x, y(, t)), every patch token's SaPE vector: (B, H, N, L), the interpolated position logits of
+        the positions along its line (eqs. 9-15)."""
         p, scale = self.ctx.num_prefix_tokens, self.ctx.head_dim**-0.5
         plan = state if isinstance(state, dict) else None
         grid = tuple(plan["grid"] if plan else state)  # (rows, cols) or (T, rows, cols)
@@ -175,8 +199,7 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
             present = plan["present"].unflatten(1, grid)[:, None]  # (B, 1, *grid)
         emb = self.pos_emb[layer].to(q.dtype)
         q_grid, k_grid = q.unflatten(2, grid), k.unflatten(2, grid)  # (B, H, *grid, d)
-        nd = len(grid)
-        bias = None
+        nd, vectors = len(grid), []
         for coord_axis in range(nd):  # x (along rows), y (along columns), t: coordinate order
             axis = 2 + nd - 1 - coord_axis  # its dimension in (B, H, *grid, d)
             last = 1 + nd  # the grid dimension next to d
@@ -189,6 +212,5 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
             sape = along.movedim(-2, axis).flatten(2, 1 + nd)  # (B, H, cells, L): query order restored
             if plan is not None:
                 sape = sape.gather(2, plan["cell"][:, None, :, None].expand(-1, sape.shape[1], -1, sape.shape[-1]))
-            distance = pairwise_l2(sape)  # (B, H, N, N)
-            bias = distance if bias is None else bias + distance
-        return pad_prefix_bias(bias * scale, p)  # eq. 16 divides the bias by sqrt(d) too
+            vectors.append(sape)
+        return vectors

@@ -20,6 +20,7 @@ from .configuration_pape_vit import PapeViTConfig
 from .configuration_pape_vivit import PapeViViTConfig
 from .convert import (
     image_processor_for,
+    native_processor_for,
     processor_for,
     timm_to_transformers,
     transformers_to_timm,
@@ -44,6 +45,6 @@ AutoVideoProcessor.register(PapeViViTConfig, PapeViViTVideoProcessor, exist_ok=T
 __all__ = [
     "PapeViTBackbone", "PapeViTConfig", "PapeViTForImageClassification", "PapeViTImageProcessor", "PapeViTModel",
     "PapeViTPreTrainedModel", "PapeViViTConfig", "PapeViViTForVideoClassification", "PapeViViTModel",
-    "PapeViViTPreTrainedModel", "PapeViViTVideoProcessor", "image_processor_for", "processor_for",
-    "timm_to_transformers", "transformers_to_timm", "video_processor_for",
+    "PapeViViTPreTrainedModel", "PapeViViTVideoProcessor", "image_processor_for", "native_processor_for",
+    "processor_for", "timm_to_transformers", "transformers_to_timm", "video_processor_for",
 ]

@@ -6,19 +6,18 @@ from __future__ import annotations
 from typing import Any
 
 import timm
-from transformers import BitImageProcessor
+from transformers import BitImageProcessor, Siglip2ImageProcessor
 
-from ..folder import DataConfig
+from ..folder import PIL_RESAMPLE, DataConfig
 from ..models.vit import VisionTransformer
 from .configuration_pape_vit import PapeViTConfig
 from .configuration_pape_vivit import PapeViViTConfig
-from .modeling_pape_vit import PapeViTForImageClassification, PapeViTModel, image_processor_of
+from .modeling_pape_vit import PapeViTForImageClassification, PapeViTModel, data_config_of, image_processor_of
 from .modeling_pape_vivit import PapeViViTForVideoClassification, PapeViViTModel, video_processor_of
 from .video_processing_pape_vivit import PapeViViTVideoProcessor
 
-__all__ = ["config_from_timm", "image_processor_for", "processor_for", "timm_to_transformers", "transformers_class",
-           "transformers_to_timm",
-           "video_processor_for"]
+__all__ = ["config_from_timm", "image_processor_for", "native_processor_for", "processor_for", "timm_to_transformers",
+           "transformers_class", "transformers_to_timm", "video_processor_for"]
 
 
 def config_from_timm(model: VisionTransformer, label_names: list[str] | None = None,
@@ -85,3 +84,15 @@ def processor_for(config: PapeViTConfig, data_config: DataConfig | None = None
     """The image processor of an image model (from ``data_config``, default the configuration's), the video
     processor of a video model."""
     return video_processor_for(config) if config.is_video else image_processor_for(config, data_config)
+
+
+def native_processor_for(config: PapeViTConfig, max_num_patches: int = 256,
+                         data_config: DataConfig | None = None) -> Siglip2ImageProcessor:
+    """transformers' own SigLIP2 processor for native-resolution batches: each image resized, aspect ratio kept,
+    to at most ``max_num_patches`` of the model's patches, patchified and padded; its ``pixel_values``,
+    ``pixel_attention_mask`` and ``spatial_shapes`` go straight into the model (``model(**processor(images))``),
+    which reads each patch at its own coordinate. Normalisation and resampling from the checkpoint's data config."""
+    data = data_config or data_config_of(config)
+    return Siglip2ImageProcessor(patch_size=config.patch_size, max_num_patches=max_num_patches,
+                                 image_mean=list(data.mean), image_std=list(data.std),
+                                 resample=PIL_RESAMPLE[data.interpolation])

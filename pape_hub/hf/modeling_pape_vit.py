@@ -32,6 +32,7 @@ from ..folder import (
     write_manifest,
 )
 from ..layers.attention import PositionalBlock
+from ..models.native import NaFlexInput, naflex_input
 from ..models.vit import VisionTransformer, init_module
 from ..models.weights import check_finite_weights
 from .configuration_pape_vit import PapeViTConfig
@@ -129,15 +130,17 @@ class PapeViTPreTrainedModel(PreTrainedModel):
         return pixel_values
 
     def _run(self, pixel_values: torch.Tensor, output_hidden_states: bool | None, output_attentions: bool | None,
-             interpolate_pos_encoding: bool | None) -> tuple[torch.Tensor, tuple | None, tuple | None]:
+             interpolate_pos_encoding: bool | None, tokens_in: NaFlexInput | None = None
+             ) -> tuple[torch.Tensor, tuple | None, tuple | None]:
         """(final normed tokens, hidden states: embeddings + every block, attention probabilities), the last two
-        None unless asked for (here or in the config)."""
+        None unless asked for (here or in the config). ``tokens_in``: a per-token batch (:func:`native_tokens`)."""
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
         if output_attentions is None:
             output_attentions = self.config.output_attentions
         vit = self.vit
-        tokens, pos = vit.embed(self._core_input(pixel_values), position_interpolation=interpolate_pos_encoding)
+        tokens, pos = vit.embed(None if tokens_in is not None else self._core_input(pixel_values),
+                                position_interpolation=interpolate_pos_encoding, tokens_in=tokens_in)
         take = set(range(len(vit.blocks))) if output_hidden_states else None
         last, hidden, attentions = vit.run_blocks(tokens, pos, take=take, output_attentions=output_attentions,
                                                   fused=self.config._attn_implementation != "eager")
@@ -229,6 +232,33 @@ def timm_fields(config: PapeViTConfig, vit: VisionTransformer) -> dict[str, Any]
     return fields
 
 
+def native_tokens(pixel_values: torch.Tensor, pixel_attention_mask: torch.Tensor | None = None,
+                  spatial_shapes: torch.Tensor | None = None, patch_coord: torch.Tensor | None = None,
+                  ) -> NaFlexInput | None:
+    """A per-token batch in transformers' SigLIP2 conventions, or None for images (B, C, H, W): ``pixel_values``
+    as patches [B, N, P*P*C] (flattened channels-last, as SigLIP2's processor writes them), ``pixel_attention_mask``
+    [B, N] (1 for a real patch) and ``spatial_shapes`` [B, 2] as (h, w) in patches (each image's tokens row-major,
+    padding after), or explicit ``patch_coord`` [B, N, 2] as (y, x)."""
+    if pixel_values.ndim != 3:
+        if pixel_attention_mask is not None or spatial_shapes is not None or patch_coord is not None:
+            raise ValueError("pixel_attention_mask / spatial_shapes / patch_coord describe patch sequences: pass "
+                             f"pixel_values as patches [B, N, P*P*C], got shape {tuple(pixel_values.shape)}")
+        return None
+    B, N = pixel_values.shape[:2]
+    valid = pixel_attention_mask.bool() if pixel_attention_mask is not None else None
+    if patch_coord is None:
+        if spatial_shapes is None:
+            raise ValueError("patches need their positions: pass spatial_shapes [B, 2] (SigLIP2's) or patch_coord "
+                             "[B, N, 2] as (y, x)")
+        index = torch.arange(N, device=pixel_values.device)[None]  # (1, N): row-major within each image
+        width = spatial_shapes[:, 1:2].clamp(min=1)  # (B, 1)
+        patch_coord = torch.stack([index // width, index % width], dim=-1)  # (B, N, 2) as (y, x)
+        inside = index < (spatial_shapes[:, 0:1] * spatial_shapes[:, 1:2])
+        valid = inside if valid is None else valid & inside
+        patch_coord = patch_coord.masked_fill(~valid[..., None], 0)
+    return naflex_input(pixel_values, patch_coord, valid)
+
+
 class PapeViTModel(PapeViTPreTrainedModel):
     """The backbone: final tokens (``last_hidden_state``) and the pooled, normed summary (``pooler_output``)."""
 
@@ -244,11 +274,17 @@ class PapeViTModel(PapeViTPreTrainedModel):
         output_attentions: bool | None = None,
         interpolate_pos_encoding: bool | None = None,
         return_dict: bool | None = None,
+        pixel_attention_mask: torch.Tensor | None = None,
+        spatial_shapes: torch.Tensor | None = None,
+        patch_coord: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPooling | tuple:
+        """``pixel_values`` (B, C, H, W), or patches [B, N, P*P*C] with SigLIP2's ``pixel_attention_mask`` and
+        ``spatial_shapes`` (or ``patch_coord``): native resolution, every encoding (:func:`native_tokens`)."""
+        tokens_in = native_tokens(pixel_values, pixel_attention_mask, spatial_shapes, patch_coord)
         last, hidden, attentions = self._run(pixel_values, output_hidden_states, output_attentions,
-                                             interpolate_pos_encoding)
-        pooled = self.vit.forward_head(last, pre_logits=True)
+                                             interpolate_pos_encoding, tokens_in)
+        pooled = self.vit.forward_head(last, pre_logits=True, patch_valid=tokens_in.valid if tokens_in else None)
         return self._output(BaseModelOutputWithPooling(last_hidden_state=last, pooler_output=pooled,
                                                        hidden_states=hidden, attentions=attentions), return_dict)
 
@@ -270,11 +306,17 @@ class PapeViTForImageClassification(PapeViTPreTrainedModel):
         output_attentions: bool | None = None,
         interpolate_pos_encoding: bool | None = None,
         return_dict: bool | None = None,
+        pixel_attention_mask: torch.Tensor | None = None,
+        spatial_shapes: torch.Tensor | None = None,
+        patch_coord: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> ImageClassifierOutput | tuple:
+        """``pixel_values`` (B, C, H, W), or patches [B, N, P*P*C] with SigLIP2's ``pixel_attention_mask`` and
+        ``spatial_shapes`` (or ``patch_coord``): native resolution, every encoding (:func:`native_tokens`)."""
+        tokens_in = native_tokens(pixel_values, pixel_attention_mask, spatial_shapes, patch_coord)
         last, hidden, attentions = self._run(pixel_values, output_hidden_states, output_attentions,
-                                             interpolate_pos_encoding)
-        logits = self.vit.forward_head(last)
+                                             interpolate_pos_encoding, tokens_in)
+        logits = self.vit.forward_head(last, patch_valid=tokens_in.valid if tokens_in else None)
         # the loss's own arguments go through (Trainer's num_items_in_batch: sum / items, not the batch mean, so that
         # gradient accumulation and several processes log and step as one large batch would)
         loss = self.loss_function(labels, logits, self.config, **kwargs) if labels is not None else None

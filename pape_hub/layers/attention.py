@@ -6,14 +6,16 @@ and its per-forward state at call time and calls its hooks for this layer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from timm.layers import DropPath, LayerNorm, LayerScale, Mlp, SwiGLU, register_notrace_function
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from ..encodings.base import PositionEncoding
+from ..encodings.base import BLOCK_ROWS, PositionEncoding, blockwise
 
 __all__ = ["BlockState", "PositionalAttention", "PositionalBlock", "encoding_attn_bias", "encoding_transform_qk"]
 
@@ -46,8 +48,41 @@ def encoding_attn_bias(encoding: PositionEncoding, layer: int, q: torch.Tensor, 
     bias = encoding.attn_bias(layer, q, k, state) if "bias" in encoding.mechanisms else None  # (H|B, ..., T, T)
     if bias is None:
         return mask
-    bias = bias.to(q.dtype) if bias.ndim == 4 else bias.to(q.dtype).unsqueeze(0)
-    return bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+    return with_mask(bias.to(q.dtype) if bias.ndim == 4 else bias.to(q.dtype).unsqueeze(0), mask)
+
+
+def with_mask(bias: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """A 4-D bias with -inf where ``mask`` hides a key. With a keys-only mask (padding), a padded query's row is
+    zero instead: a bias that hides keys itself (LookHere's views) could leave it no key, and its NaN would reach
+    the valid tokens through its value (its output is dropped anyway)."""
+    if mask is None:
+        return bias
+    bias = bias.masked_fill(~mask, float("-inf"))
+    if mask.shape[-2] == 1:  # (B, 1, 1, T): a padded key is a padded query
+        bias = bias.masked_fill(~mask.transpose(-1, -2), 0.0)
+    return bias
+
+
+@register_notrace_function
+def encoding_bias_blocks(encoding: PositionEncoding, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any,
+                         mask: torch.Tensor | None) -> Callable[[int, int], torch.Tensor] | None:
+    """Rows ``start:stop`` of what :func:`encoding_attn_bias` gives, one block at a time (the encoding's
+    :meth:`~PositionEncoding.attn_bias_rows`), or None where the encoding has no blockwise form."""
+    rows = encoding.attn_bias_rows(layer, q, k, state)
+    if rows is None:
+        return None
+
+    def block(start: int, stop: int) -> torch.Tensor:
+        bias = rows(start, stop).to(q.dtype)
+        bias = bias if bias.ndim == 4 else bias.unsqueeze(0)
+        if mask is None:
+            return bias
+        if mask.shape[-2] > 1:  # a packed row's block-diagonal mask: these rows of it
+            return bias.masked_fill(~mask[..., start:stop, :], float("-inf"))
+        bias = bias.masked_fill(~mask, float("-inf"))  # padding, as with_mask: a padded query's row is zero
+        return bias.masked_fill(~mask.transpose(-1, -2)[..., start:stop, :], 0.0)
+
+    return block
 
 
 @register_notrace_function
@@ -110,10 +145,16 @@ class PositionalAttention(nn.Module):
         if "qk" in encoding.mechanisms:
             qk = encoding_transform_qk(encoding, self.layer_idx, qk, x, state)  # (2, B, H, T, hd), or wider (PaPE)
         q, k = qk.unbind(0)
+        fused = fused and self.fused_attn and not output_attentions
+        if fused and "bias" in encoding.mechanisms and blockwise(T):  # long sequences: no (heads, T, T) tensor
+            blocks = encoding_bias_blocks(encoding, self.layer_idx, q, k, state, mask)
+            if blocks is not None:
+                out = self.blockwise(q, k, v, blocks).transpose(1, 2).reshape(B, T, D)
+                return self.proj_drop(self.proj(out)), None
         bias = encoding_attn_bias(encoding, self.layer_idx, q, k, state, mask) \
             if mask is not None or "bias" in encoding.mechanisms else None  # float bias, boolean mask, or None
 
-        if fused and self.fused_attn and not output_attentions:
+        if fused:
             out = F.scaled_dot_product_attention(
                 q, k, pad_to_width(v, q), attn_mask=bias, dropout_p=self.attn_drop.p if self.training else 0.0,
                 scale=self.scale,
@@ -127,6 +168,28 @@ class PositionalAttention(nn.Module):
             out = self.attn_drop(probs) @ v
         out = out.transpose(1, 2).reshape(B, T, D)
         return self.proj_drop(self.proj(out)), probs
+
+
+    def blockwise(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  blocks: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
+        """Fused attention one block of :data:`BLOCK_ROWS` query rows at a time, each with its rows of the bias:
+        exact (softmax rows are independent), and no block holds more than (heads, rows, T). With gradients, each
+        block is recomputed in backward (checkpointed), so training holds no (heads, T, T) tensor either.
+        (B, H, T, hd') -> (B, H, T, hd)."""
+        v = pad_to_width(v, q)
+        dropout = self.attn_drop.p if self.training else 0.0
+
+        def attend(rows: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+            return F.scaled_dot_product_attention(rows, k, v, attn_mask=blocks(start, stop), dropout_p=dropout,
+                                                  scale=self.scale)
+
+        out = []
+        for start in range(0, q.shape[-2], BLOCK_ROWS):
+            stop = min(start + BLOCK_ROWS, q.shape[-2])
+            rows = q[:, :, start:stop]
+            out.append(checkpoint(attend, rows, start, stop, use_reentrant=False) if torch.is_grad_enabled()
+                       else attend(rows, start, stop))
+        return torch.cat(out, dim=2)[..., : self.head_dim]
 
 
 class PositionalBlock(nn.Module):

@@ -207,6 +207,10 @@ class VisionTransformer(nn.Module):
             if num_classes > 0 else nn.Identity()
         self.head.train(self.training)
 
+    def get_patch_size(self) -> tuple[int, ...]:
+        """The patch size, as NaFlex-capable timm models give it (timm's ``train.py --naflex-loader`` asks)."""
+        return tuple(self.patch_embed.patch_size)
+
     @property
     def embeds(self) -> nn.Module:
         """The stem under NaFlexViT's name: timm's scripts read ``model.embeds.patch_size`` to patchify for
