@@ -176,7 +176,7 @@ def test_polar_rope_layout():
     enc = make_encoding("polar_rope", grid=(3, 3), num_prefix=0)
     pos = grid_positions((3, 3), 0, dtype=torch.float64)
     cos, sin = enc.prepare(pos)  # full width: cos per pair, sin signed (-sin, +sin) per pair
-    phases = torch.atan2(sin[..., 1::2], cos[..., ::2])[0, 0]  # (N, hd/2)
+    phases = torch.atan2(sin[..., 1::2], cos[..., ::2])[0, 0, 0]  # (L, B', H, N, hd/2) -> (N, hd/2)
     centre = 4  # the middle of a 3x3 grid: r = 0 and theta = atan2(0, 0) = 0
     assert torch.allclose(phases[centre], torch.zeros_like(phases[centre]))
     right = 5  # (x=2, y=1): r = 1, theta = 0 -> only the radial half turns, its first pair by exactly 1 rad
@@ -231,7 +231,7 @@ def test_pape_curvature_is_concave_and_the_folded_channels_match_the_written_out
     q, k, x = random_qkx(1 + pos.num_patches)
     state = enc.prepare(pos)
     for layer in range(enc.ctx.depth):
-        quad, lin = enc.coefficients(layer, x, state["r"])
+        quad, lin = enc.coefficients(layer, x, state["r"][0])  # r: (B', T, p), one grid for the batch
         assert (torch.linalg.eigvalsh(quad) <= 1e-12).all()  # W_p^T diag(a) W_p with a < 0: negative semi-definite
         folded = enc.query_channels(layer, x, state)[..., : enc.channels]  # the forward's once-per-forward form
         torch.testing.assert_close(folded, quadratic_query_coefficients(quad, lin), rtol=1e-10, atol=1e-12)
@@ -420,9 +420,10 @@ def test_dinov3_rope_angles_follow_dinov3(grid, interpolate):
     periods = 100.0 ** (4 * torch.arange(HEAD_DIM // 4, dtype=torch.float64) / HEAD_DIM)
     angles = torch.cat([2 * math.pi * x[:, None] / periods, 2 * math.pi * y[:, None] / periods], dim=-1)
     # the frequencies are a float32 buffer, as AxialRoPE's (and timm's DINOv3 periods): float32-close, no closer
-    torch.testing.assert_close(cos[0, 0, 2:], angles.cos().repeat_interleave(2, -1), rtol=1e-6, atol=1e-7)
-    torch.testing.assert_close(sin[0, 0, 2:, 1::2], angles.sin(), rtol=1e-6, atol=1e-7)
-    assert torch.equal(cos[0, 0, :2], torch.ones_like(cos[0, 0, :2])) and not sin[0, 0, :2].any()
+    cos, sin = cos[0, 0, 0], sin[0, 0, 0]  # (L, B', H, T, hd): one layer, grid and head
+    torch.testing.assert_close(cos[2:], angles.cos().repeat_interleave(2, -1), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(sin[2:, 1::2], angles.sin(), rtol=1e-6, atol=1e-7)
+    assert torch.equal(cos[:2], torch.ones_like(cos[:2])) and not sin[:2].any()
 
 
 def test_position_interpolation_scales_to_training_range():

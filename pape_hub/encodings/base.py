@@ -184,7 +184,7 @@ def grid_positions(
 #: Below it the whole bias is built once and cached across forwards (the fast path at training sizes).
 BLOCKWISE_FROM = 1024
 #: query rows per block of the blockwise path
-BLOCK_ROWS = 256
+BLOCK_ROWS = 128
 #: per-forward state shared by every layer (rotary tables, PaPE's projected positions) is kept for all layers at once
 #: only while it stays under this many bytes; above it each layer makes its own, which costs a few elementwise kernels
 STATE_BYTES = 32 << 20

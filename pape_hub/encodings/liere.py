@@ -38,12 +38,14 @@ from .base import (
 )
 from .registry import register_encoding
 
-__all__ = ["CACHE_BYTES", "LieRE", "skew_symmetric"]
+__all__ = ["BLOCK_BYTES", "CACHE_BYTES", "LieRE", "skew_symmetric"]
 
 #: every layer's rotations are cached across forwards (at inference, per grid) while together they take at most this
 #: many bytes (LieRE-8 at ViT-B/16 448 px: 231 MB; they cost a matrix_exp per token, head and block to remake); above,
 #: each layer makes its own in every forward
 CACHE_BYTES = 256 << 20
+#: rotations made at a time on a large grid (matrix_exp's temporaries are several times as large)
+BLOCK_BYTES = 4 << 20
 
 
 def skew_symmetric(raw: torch.Tensor) -> torch.Tensor:
@@ -160,7 +162,7 @@ class LieRE(PositionEncoding):
                 return self.rotate(qk, self.rotations(coords, layer))
         # a large grid: the rotations of a block of tokens, used and dropped; in training each block is recomputed
         # in backward (checkpointed), so matrix_exp's intermediates never cover every token
-        step = max(1, tokens * STATE_BYTES // size)
+        step = max(1, tokens * BLOCK_BYTES // size)
         blocks = []
         for start in range(0, tokens, step):
             part = qk[..., start : start + step, :]

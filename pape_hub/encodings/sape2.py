@@ -64,6 +64,32 @@ def contextual_position_logits(
     return out if inside is None else out * inside[..., None, :].to(out.dtype)
 
 
+#: elements of one block of lines' (B, heads, lines, L, L) gates: on a large grid the lines are taken a block at a
+#: time, so that the ten or so such temporaries of :func:`contextual_position_logits` stay small (1 MB each)
+LINE_BLOCK_ELEMENTS = 1 << 18
+
+
+def lines_in_blocks(q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, scale: float, key_mode: bool,
+                    present: torch.Tensor | None, inside: torch.Tensor | None) -> torch.Tensor:
+    """:func:`contextual_position_logits` of every line, a block of lines at a time (lines are independent):
+    q, k (B, H, *others, L, d); present (B, 1, *others, L) and inside (B, 1, *ones, L) as there. Returns
+    (B, H, *others, L, L)."""
+    B, H, *others, L, _ = q.shape
+    lines = math.prod(others)
+    step = max(1, LINE_BLOCK_ELEMENTS // max(1, B * H * L * L))
+    if step >= lines:
+        return contextual_position_logits(q, k, emb, scale, key_mode, present, inside)
+    flat = lambda t: t.flatten(2, -3)  # noqa: E731 - (B, H|1, *others, L, ...) -> (B, H|1, lines, L, ...)
+    q, k = flat(q), flat(k)
+    present = present.expand(B, 1, *others, L).flatten(2, -2) if present is not None else None
+    inside = inside.expand(B, 1, *others, L).flatten(2, -2) if inside is not None else None
+    blocks = [contextual_position_logits(
+        q[:, :, i : i + step], k[:, :, i : i + step], emb, scale, key_mode,
+        present[:, :, i : i + step] if present is not None else None,
+        inside[:, :, i : i + step] if inside is not None else None) for i in range(0, lines, step)]
+    return torch.cat(blocks, dim=2).unflatten(2, tuple(others))
+
+
 def pairwise_l2(x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
     """(..., N, L) -> (..., N, N) Euclidean distances (to ``y`` (..., M, L): (..., N, M)); in float32 for 16-bit
     inputs on CPU, where ``cdist`` has no half-precision kernel."""
@@ -206,7 +232,7 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
             if plan is not None:  # (B, 1, *others, L) masks along this axis
                 inside = line_inside(plan["extent"][:, coord_axis], grid[axis - 2], nd, axis - 2)
                 inside = inside.movedim(axis, last)
-            along = contextual_position_logits(
+            along = lines_in_blocks(
                 q_grid.movedim(axis, last), k_grid.movedim(axis, last), emb[coord_axis], scale, self.key_mode,
                 present.movedim(axis, last) if present is not None else None, inside)  # (B, H, *others, L, L)
             sape = along.movedim(-2, axis).flatten(2, 1 + nd)  # (B, H, cells, L): query order restored

@@ -1,0 +1,185 @@
+r"""Peak memory and time against tokens, every encoding, each measurement in a fresh process.
+
+Inference (default): ViT-S/16 (random weights), batch 1, ``torch.inference_mode``. In a fresh interpreter the model is
+built and run once on a 32 px image (so that libraries, weights and kernels are loaded), ``ru_maxrss`` is read, one
+forward at the resolution runs, and ``ru_maxrss`` is read again: the difference is the peak activation memory of
+that forward (the issue's measure, which includes what the C allocator keeps of freed blocks). The same process then
+times ``--repeats`` more forwards (median) and runs one more under torch's profiler, whose allocation events give the
+peak of live tensors (``tensors_mb``: independent of the allocator). ``--train``:
+one training step instead (forward, cross-entropy, backward, AdamW), batch ``--batch-size``, after one warm-up step
+at the same size; memory is the growth over the warm-up 32 px step, time the median of the next steps.
+
+    python -m lab memory --output results/memory_vit_s16_cpu.json                  # 224 -> 1024 px sweep
+    python -m lab memory --train --resolutions 448 --batch-size 4 --output results/memory_train_vit_s16_448_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from pape_hub.encodings import list_encodings
+
+from ..provenance import provenance
+
+#: the issue's goals: (inference memory at 896 px, x ape), (training memory at 448 px, x ape), (training time, x ape)
+GOALS = dict(infer_memory=1.5, train_memory=2.0, train_time=1.5)
+
+PROBE = r"""
+import json, resource, statistics, sys, time
+import torch, timm, pape_hub
+torch.set_num_threads({threads})
+encoding, res, train, batch, repeats, size = {encoding!r}, {res}, {train}, {batch}, {repeats}, {size!r}
+torch.manual_seed(0)
+model = timm.create_model(f"vit_{{size}}16_{{encoding}}", num_classes=1000)
+rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MB
+if train:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    def step(px):
+        x, y = torch.randn(batch, 3, px, px), torch.randint(0, 1000, (batch,))
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    model.train()
+    step(32)
+    before = rss()
+    start = time.perf_counter(); step(res); first = time.perf_counter() - start
+    peak = rss() - before
+    times = [first]
+    for _ in range(repeats - 1):
+        start = time.perf_counter(); step(res); times.append(time.perf_counter() - start)
+else:
+    model.eval()
+    with torch.inference_mode():
+        model(torch.randn(1, 3, 32, 32))
+        before = rss()
+        x = torch.randn(1, 3, res, res)
+        start = time.perf_counter(); model(x); first = time.perf_counter() - start
+        peak = rss() - before
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter(); model(x); times.append(time.perf_counter() - start)
+from torch.profiler import ProfilerActivity, profile
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:  # the same call once more
+    if train:
+        step(res)
+    else:
+        with torch.inference_mode():
+            model(x)
+live = top = 0
+for event in sorted(prof.events(), key=lambda e: e.time_range.start):  # allocations and frees in order
+    live += event.self_cpu_memory_usage
+    top = max(top, live)
+print(json.dumps(dict(peak_mb=peak, tensors_mb=top / 2**20, time_s=statistics.median(times) if times else first,
+                      first_s=first)))
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--size", default="s", help="model size from t, s, b (default s: ViT-S/16)")
+    parser.add_argument("--resolutions", default="224,448,640,896,1024", help="comma-separated image sizes")
+    parser.add_argument("--encodings", default="all", help="comma-separated encodings, or 'all'")
+    parser.add_argument("--train", action="store_true", help="time and measure a training step instead")
+    parser.add_argument("--batch-size", type=int, default=4, help="training batch (inference: 1)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls after the measured one (median)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads in each process")
+    parser.add_argument("--timeout", type=int, default=1200, help="seconds per process")
+    parser.add_argument("--output", default="outputs/memory/memory.json", help="results JSON (a PNG beside it)")
+
+
+def probe(encoding: str, res: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One fresh interpreter's measurement; a failure (out of memory, timeout) is recorded, not raised."""
+    code = PROBE.format(threads=args.threads, encoding=encoding, res=res, train=args.train,
+                        batch=args.batch_size if args.train else 1, repeats=args.repeats, size=args.size)
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return dict(error=f"over {args.timeout} s")
+    if done.returncode:
+        return dict(error=(done.stderr.strip().splitlines() or ["killed"])[-1][:300])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(args: argparse.Namespace) -> int:
+    encodings = list_encodings() if args.encodings == "all" else args.encodings.split(",")
+    encodings = ["ape"] + [e for e in encodings if e != "ape"]  # the baseline first
+    resolutions = [int(r) for r in args.resolutions.split(",")]
+    rows: dict[str, dict[str, Any]] = {}
+    for encoding in encodings:
+        rows[encoding] = {}
+        for res in resolutions:
+            rows[encoding][str(res)] = probe(encoding, res, args)
+            row = rows[encoding][str(res)]
+            shown = f"{row['peak_mb']:8.1f} MB ({row['tensors_mb']:7.1f} of tensors) {row['time_s'] * 1e3:9.1f} ms" \
+                if "error" not in row else row["error"]
+            print(f"{encoding:16s} {res:5d} px  {shown}", flush=True)
+    report = dict(provenance=provenance("bench", command="python -m lab memory " + " ".join(sys.argv[2:])),
+                  size=args.size, train=args.train, batch_size=args.batch_size if args.train else 1,
+                  repeats=args.repeats, threads=args.threads, patch=16, resolutions=resolutions, rows=rows,
+                  ratios=ratios(rows, resolutions))
+    path = Path(args.output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    plot(report, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+    return 0
+
+
+def ratios(rows: dict[str, dict[str, Any]], resolutions: list[int]) -> dict[str, dict[str, Any]]:
+    """Each encoding's memory and time over ``ape``'s at every resolution."""
+    out: dict[str, dict[str, Any]] = {}
+    for encoding, by_res in rows.items():
+        out[encoding] = {}
+        for res in map(str, resolutions):
+            mine, base = by_res.get(res, {}), rows["ape"].get(res, {})
+            if "peak_mb" in mine and "peak_mb" in base and base["peak_mb"] > 0:
+                out[encoding][res] = dict(memory=mine["peak_mb"] / base["peak_mb"],
+                                          tensors=mine["tensors_mb"] / base["tensors_mb"],
+                                          time=mine["time_s"] / base["time_s"])
+    return out
+
+
+def growth(by_res: dict[str, Any], resolutions: list[int], patch: int = 16) -> float | None:
+    """The exponent of memory against tokens between the smallest and largest resolution (log-log slope)."""
+    import math
+
+    ends = [str(resolutions[0]), str(resolutions[-1])]
+    if not all("peak_mb" in by_res.get(r, {}) and by_res[r]["peak_mb"] > 0 for r in ends):
+        return None
+    tokens = [(int(r) // patch) ** 2 + 1 for r in ends]
+    return math.log(by_res[ends[1]]["peak_mb"] / by_res[ends[0]]["peak_mb"]) / math.log(tokens[1] / tokens[0])
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    cmap = plt.get_cmap("tab20")
+    for i, (encoding, by_res) in enumerate(report["rows"].items()):
+        points = [((int(r) // report["patch"]) ** 2 + 1, v) for r, v in by_res.items() if "peak_mb" in v]
+        if not points:
+            continue
+        tokens = [t for t, _ in points]
+        style = dict(color="black", lw=2.2) if encoding == "ape" else dict(color=cmap(i % 20), lw=1.1)
+        axes[0].plot(tokens, [v["peak_mb"] for _, v in points], marker="o", ms=3, label=encoding, **style)
+        axes[1].plot(tokens, [v["time_s"] * 1000 for _, v in points], marker="o", ms=3, **style)
+    what = "training step" if report["train"] else "inference"
+    for ax, label in zip(axes, ("peak memory of one call (MB)", "time of one call (ms)")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens (log)")
+        ax.set_ylabel(label + " (log)")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=7, ncol=2)
+    fig.suptitle(f"ViT-{report['size'].upper()}/16 {what}, batch {report['batch_size']}, CPU float32, each point a "
+                 "fresh process", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
