@@ -23,7 +23,7 @@ zoo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest tests
+	$(VENV)/bin/python -m pytest tests -n 2
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -4,6 +4,7 @@ interpolation (PaPE tables 5-7), and the patch-shuffle test (LieRE table 5)."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -200,7 +201,8 @@ def sweep_loaders(model: torch.nn.Module, config: dict[str, Any], dataset: str, 
     task = generated_task(dataset)
     if task is not None:  # the setting the checkpoint was trained on, at each size of the sweep
         base = task.setting(config.get("pape_hub", {}).get("dataset", {}).get("train", {}))
-        for setting in task.sweep(base, [parse_clip(c) for c in clips or []] if task.is_video else sizes):
+        settings = task.sweep(base, [parse_clip(c) for c in clips or []] if task.is_video else sizes)
+        for setting in fitting_settings(settings, model, task, explicit=bool(sizes or clips)):
             ds = task.dataset(eval_size, setting, seed=GENERATED_TEST_SEED, normalize=(mean, std), channels=channels)
             check_label_names(config, ds.classes, dataset)
             yield task.size_of(setting), DataLoader(ds, batch_size=batch_size)
@@ -219,6 +221,25 @@ def sweep_loaders(model: torch.nn.Module, config: dict[str, Any], dataset: str, 
             scored.append(split_to_score(split, data, dataset))
         ds = data.test if scored[0] == "test" else data.val
         yield f"{frames}x{res}" if video else res, DataLoader(ds, batch_size=batch_size)
+
+
+def fitting_settings(settings: list[Any], model: torch.nn.Module, task: Any, explicit: bool) -> list[Any]:
+    """The settings whose images are whole patches of the model (a patch-16 model on 12 px arrow cells takes grids
+    4, 8, 12 but not 6): the default sweep keeps those and says which it left out; sizes asked for explicitly that do
+    not fit are refused, naming the ones that do."""
+    tile = tuple(getattr(model.patch_embed, "tubelet_size", model.patch_embed.patch_size))[-1]
+    fits = [s for s in settings if s.image_size % tile == 0]
+    left = [task.size_of(s) for s in settings if s.image_size % tile]
+    if left and explicit:
+        cell = settings[0].image_size // settings[0].grid
+        step = tile // math.gcd(tile, cell)
+        raise ValueError(f"sizes {left} make images that are not whole {tile}-px patches of the model ({cell}-px "
+                         f"cells); use grids that are multiples of {step}")
+    if left:
+        print(f"note: leaving out sizes {left}: their images are not whole {tile}-px patches of the model", flush=True)
+    if not fits:
+        raise ValueError(f"no size of the sweep makes images of whole {tile}-px patches; pass --sizes")
+    return fits
 
 
 #: what ``--split`` accepts: the test split, or the validation split (``val`` is the same)

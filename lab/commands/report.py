@@ -177,6 +177,44 @@ def profile_block(results: Path, name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def memory_block(results: Path, name: str, goal_px: int = 896) -> str:
+    """Peak memory and time against resolution (``python -m lab memory``), each encoding's ratio to ``ape`` at
+    ``goal_px`` against the issue's goal, and its memory growth exponent in tokens."""
+    from .memory import GOALS, growth
+
+    data = load(results, name)
+    if data is None:
+        return f"_Not measured yet: `results/{name}` is missing._\n"
+    resolutions = data["resolutions"]
+    goal_key = "train_memory" if data["train"] else "infer_memory"
+    goal = GOALS[goal_key]
+    at = str(goal_px) if str(goal_px) in map(str, resolutions) else str(resolutions[-1])
+    head = [f"{r} px" for r in resolutions]
+    lines = ["| encoding | " + " | ".join(head) + f" | × `ape` at {at} px: memory (tensors), time | growth |",
+             "|---" * (len(head) + 3) + "|"]
+    for encoding, by_res in data["rows"].items():
+        cells = []
+        for r in map(str, resolutions):
+            row = by_res.get(r, {})
+            cells.append(f"{row['peak_mb']:.0f} MB, {row['time_s']:.2f} s" if "peak_mb" in row else
+                         f"failed: {row.get('error', '?')[:40]}")
+        ratio = data["ratios"].get(encoding, {}).get(at)
+        verdict = (f"{ratio['memory']:.2f} ({ratio['tensors']:.2f}), {ratio['time']:.2f} "
+                   f"{'met' if ratio['memory'] <= goal else '**over**'}" if ratio else "-")
+        exponent = growth(by_res, resolutions)
+        lines.append(f"| `{encoding}` | " + " | ".join(cells) + f" | {verdict} | "
+                     f"{'-' if exponent is None else f'{exponent:.2f}'} |")
+    what = f"a training step, batch {data['batch_size']}" if data["train"] else "inference, batch 1"
+    lines += ["", f"ViT-{data['size'].upper()}/16, {what}, CPU float32, {data['threads']} threads; each cell a fresh "
+              "process: peak resident memory of the call over the process after a 32 px warm-up (`ru_maxrss`, the "
+              "issue's measure, which includes what the C allocator keeps of freed blocks), and the median time of "
+              f"{data['repeats']} more calls. The ratio column gives memory against `ape`'s at {at} px (the goal: "
+              f"at most {goal}x), in brackets the same for the peak of live tensors (torch's profiler, free of the "
+              "allocator), then time. Growth: the exponent of memory in tokens from the first to the last "
+              f"resolution (1.0: linear). {provenance_line(data)}"]
+    return "\n".join(lines) + "\n"
+
+
 def startup_block(results: Path, name: str) -> str:
     data = load(results, name)
     if data is None:
@@ -330,6 +368,8 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "bench_b16_448": ("bench", lambda r: bench_block(r, "bench_vit_b16_448_cpu.json")),
     "profile": ("profile", lambda r: profile_block(r, "profile_vit_b16_224_cpu.json")),
     "startup": ("bench", lambda r: startup_block(r, "bench_startup_cpu.json")),
+    "memory_s16": ("bench", lambda r: memory_block(r, "memory_vit_s16_cpu.json")),
+    "memory_train_s16_448": ("bench", lambda r: memory_block(r, "memory_train_vit_s16_448_cpu.json", 448)),
 }
 
 

@@ -83,10 +83,31 @@ def list_pape_models(family: str | None = None) -> list[str]:
     return [name for name, entry in _MODELS.items() if family in (None, entry[0])]
 
 
+#: timm's own ViT sizes -> this package's size letters (a timm name is answered with its pape_hub equal)
+_TIMM_SIZES = {"tiny": "t", "small": "s", "base": "b", "large": "l"}
+
+
+def suggest_model(name: str) -> str:
+    """One line naming the fix for an unknown model name: the pape_hub equal of a timm ViT name
+    (``vit_base_patch16_224`` -> ``vit_b16_ape``), or the closest registered names."""
+    import difflib
+    import re
+
+    timm_vit = re.fullmatch(r"vit_(tiny|small|base|large)_patch(\d+)_\d+(?:\..*)?", name)
+    if timm_vit and f"vit_{_TIMM_SIZES[timm_vit[1]]}{timm_vit[2]}_ape" in _MODELS:
+        size = _TIMM_SIZES[timm_vit[1]]
+        return (f"that is timm's own ViT; pape_hub's with the same learned table is vit_{size}{timm_vit[2]}_ape (any "
+                f"encoding: vit_{size}{timm_vit[2]}_<encoding>, pape_hub.list_encodings())")
+    close = difflib.get_close_matches(name, list(_MODELS), n=3, cutoff=0.6)
+    if close:
+        return f"did you mean {', '.join(close)}? (every name: pape_hub.list_pape_models())"
+    return f"e.g. {', '.join(list(_MODELS)[:4])}, ... (every name: pape_hub.list_pape_models())"
+
+
 def model_args_for(name: str) -> dict[str, Any]:
     """Constructor arguments of a registered model name."""
     if name not in _MODELS:
-        raise ValueError(f"unknown pape_hub model {name!r}; e.g. {', '.join(list(_MODELS)[:4])}, ...")
+        raise ValueError(f"unknown pape_hub model {name!r}; {suggest_model(name)}")
     family, size, patch, enc = _MODELS[name]
     setting = FAMILIES[family][1][patch]
     args = dict(img_size=setting["img_size"], num_classes=setting["num_classes"], position_encoding=enc,

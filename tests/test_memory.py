@@ -1,0 +1,101 @@
+"""Exactness of the paths that keep memory flat on large grids, in float64, on weights away from init: attention in
+blocks of query rows with the bias formed per block (bias encodings), each layer's own rotary tables / PaPE positions
+/ LieRE rotations (made a block of tokens at a time) instead of every layer's at once. Each path is forced on a small
+grid by lowering its threshold, and must give the outputs and the gradients of the whole-tensor path. Memory and time
+themselves are measured by ``python -m lab memory``, not asserted here."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import pape_hub.encodings.base as base
+import pape_hub.encodings.liere as liere
+import pape_hub.encodings.pape as pape
+import pape_hub.encodings.rotary as rotary
+import pape_hub.layers.attention as attention
+
+
+def perturbed(name: str, **kwargs) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = timm.create_model(name, embed_dim=32, depth=2, num_heads=2, num_classes=5, **kwargs).double()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.2)
+    return model
+
+
+def outputs_and_gradients(model: torch.nn.Module, x) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    for module in model.modules():
+        if hasattr(module, "_cache"):
+            module._cache = {}
+    with torch.no_grad():
+        out = model.eval()(x)
+    model.train().zero_grad()
+    model(x).square().sum().backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same(a, b) -> None:
+    torch.testing.assert_close(a[0], b[0], rtol=0, atol=1e-10)
+    for name in a[1]:
+        torch.testing.assert_close(a[1][name], b[1][name], rtol=1e-9, atol=1e-9, msg=name)
+
+
+@pytest.mark.parametrize("encoding", ["alibi", "lookhere", "sape2", "sape2_ape"])
+def test_blockwise_bias_attention_is_the_whole_bias(encoding, monkeypatch):
+    model = perturbed(f"vit_t4_{encoding}")
+    x = torch.randn(2, 3, 40, 48, dtype=torch.float64)
+    whole = outputs_and_gradients(model, x)
+    monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
+    monkeypatch.setattr(attention, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
+    if encoding.startswith("sape2"):
+        from pape_hub.encodings import sape2
+
+        monkeypatch.setattr(sape2, "LINE_BLOCK_ELEMENTS", 50)  # and lines a few at a time
+    calls = []
+    blockwise = attention.PositionalAttention.blockwise
+    monkeypatch.setattr(attention.PositionalAttention, "blockwise",
+                        lambda self, *a: calls.append(1) or blockwise(self, *a))
+    assert_same(outputs_and_gradients(model, x), whole)
+    assert calls  # the blockwise path ran
+
+
+@pytest.mark.parametrize("encoding", ["alibi", "lookhere"])
+def test_blockwise_attention_with_padding_gives_each_image_its_own_logits(encoding, monkeypatch):
+    from timm.data.naflex_transforms import patchify_image
+
+    model = perturbed(f"vit_t4_{encoding}").eval()
+    images = [torch.randn(3, 32, 48, dtype=torch.float64), torch.randn(3, 40, 40, dtype=torch.float64)]
+    parts = [patchify_image(image, (4, 4))[:2] for image in images]
+    length = max(len(p) for p, _ in parts) + 3
+    batch = dict(patches=torch.zeros(2, length, 48, dtype=torch.float64),
+                 patch_coord=torch.zeros(2, length, 2, dtype=torch.long), patch_valid=torch.zeros(2, length,
+                                                                                               dtype=torch.bool))
+    for i, (p, c) in enumerate(parts):
+        batch["patches"][i, : len(p)], batch["patch_coord"][i, : len(p)], batch["patch_valid"][i, : len(p)] = p, c, 1
+    monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
+    monkeypatch.setattr(attention, "BLOCK_ROWS", 9)
+    with torch.no_grad():
+        out = model(batch)
+        for i, image in enumerate(images):
+            torch.testing.assert_close(out[i], model(image[None])[0], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("encoding", ["rope_mixed", "pape", "liere8", "liere"])
+def test_per_layer_state_on_large_grids_is_the_all_layer_state(encoding, monkeypatch):
+    model = perturbed(f"vit_t4_{encoding}")
+    x = torch.randn(2, 3, 40, 48, dtype=torch.float64)
+    all_layers = outputs_and_gradients(model, x)
+    for module in (rotary, pape, liere):
+        monkeypatch.setattr(module, "STATE_BYTES", 1000)
+    monkeypatch.setattr(liere, "CACHE_BYTES", 1000)
+    monkeypatch.setattr(liere, "BLOCK_BYTES", 20_000)  # LieRE's rotations a few tokens at a time
+    assert_same(outputs_and_gradients(model, x), all_layers)
+
+
+def test_the_thresholds_leave_training_sizes_on_the_fast_path():
+    """The speed tables' sizes (ViT-B/16 at 224 and 448 px) stay under the blockwise threshold; 896 px is over it."""
+    assert base.blockwise(28 * 28 + 1) is False and base.blockwise(56 * 56 + 1) is True
