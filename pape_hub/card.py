@@ -19,7 +19,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .checkpoint import atomic_write, check_output_path, record_outputs
-from .records import ComparisonContext, Evaluation, read_evaluation
+from .records import ComparisonContext, Evaluation, describe_spec, read_evaluation
 
 __all__ = ["GENERATED_MARK", "PLOT_NAME", "card_from_folder", "render_model_card", "write_model_card"]
 
@@ -63,7 +63,8 @@ def card_dataset(spec: str | None) -> CardDataset:
 
     if not spec:
         return CardDataset("data not recorded", "unknown")
-    kind, _, arg = str(spec).partition(":")
+    spec = describe_spec(str(spec))  # a local path says nothing to a reader and may say too much about this machine
+    kind, _, arg = spec.partition(":")
     if kind in _BUILT_IN:
         return _BUILT_IN[kind]
     if kind == "hf" and arg:

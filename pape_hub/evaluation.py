@@ -183,7 +183,8 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
             rows.append(_score(model, ShuffledLoader(loader, tile), size, False, progress, shuffled=True))
     unit = task.unit if task else "clip (frames x px)" if is_video_spec(dataset) else "image size (px)"
     return Evaluation(rows, checkpoint=str(checkpoint), architecture=config["architecture"],
-                      label=config.get("position_encoding"), dataset=dataset, num_classes=model.num_classes,
+                      label=config.get("position_encoding"), dataset=describe_spec(dataset),
+                      num_classes=model.num_classes,
                       split=(scored or [split])[0] if task is None else "generated test seed", sweep_unit=unit,
                       trained_at=trained_size, commit=git_commit())
 

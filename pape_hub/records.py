@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["COMPARISON_FILE", "EVALUATION_FILE", "Comparison", "ComparisonContext", "Evaluation", "SweepRow",
-           "chance_interval", "field_value", "git_commit", "read_evaluation", "read_record"]
+           "chance_interval", "describe_spec", "field_value", "git_commit", "read_evaluation", "read_record"]
 
 EVALUATION_FILE = "eval.json"
 COMPARISON_FILE = "comparison.json"
@@ -53,6 +53,17 @@ def git_commit() -> str:
         return commit + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def describe_spec(spec: str) -> str:
+    """The spec as recorded in checkpoints and cards: a local path is reduced to its folder name (an absolute path
+    says nothing to another machine and may say too much about this one)."""
+    kind, _, arg = spec.partition(":")
+    if kind in ("imagefolder", "cifar", "videofolder"):
+        return f"{kind}:{Path(arg.rstrip('/')).name}"
+    if kind == "hf" and arg and Path(arg).exists():  # a save_to_disk folder: not a Hub id, so not written as one
+        return f"hf-disk:{Path(arg.rstrip('/')).name}"
+    return spec
 
 
 _NUMBER, _TEXT, _SIZE = (int, float), (str, type(None)), (int, str)

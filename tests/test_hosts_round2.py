@@ -248,3 +248,21 @@ def test_recorded_code_version_is_pape_hubs_not_the_users_project(tmp_path):
         assert records.git_commit().startswith(("pape_hub ", "unknown"))
     finally:
         records.PACKAGE = original
+
+
+def test_the_local_hub_answers_an_id_without_namespace_as_not_found(tmp_path):
+    """transformers' ``backbone="<timm name>"`` asks the Hub for an un-namespaced id; the real Hub answers that the
+    repo does not exist (404 RepoNotFound), and so does the local endpoint (it answered "no route")."""
+    import urllib.error
+    import urllib.request
+
+    from lab.local_hub import LocalHub
+
+    server = LocalHub(tmp_path / "hub-data").start()
+    try:
+        for path in ("/api/models/vit_tiny_patch16_224", "/vit_tiny_patch16_224/resolve/main/config.json"):
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                urllib.request.urlopen(server.url + path, timeout=30)
+            assert caught.value.code == 404 and caught.value.headers.get("X-Error-Code") == "RepoNotFound", path
+    finally:
+        server.stop()

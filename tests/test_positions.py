@@ -287,3 +287,15 @@ def test_timms_naflex_loader_feeds_the_model(tmp_path):
             keep = batch["patch_valid"][i]
             one = model(batch["patches"][i : i + 1, keep], patch_coord=batch["patch_coord"][i : i + 1, keep])
             torch.testing.assert_close(logits[i], one[0], rtol=0, atol=1e-5)
+
+
+def test_forward_intermediates_takes_per_token_inputs(images):
+    model = perturbed(timm.create_model("vit_t4_rope_mixed", embed_dim=32, depth=2, num_heads=2).double())
+    batch = naflex_batch(images[:2])
+    with torch.no_grad():
+        final, hidden = model.forward_intermediates(batch, indices=[0, 1], output_fmt="NLC")
+        alone = model.forward_intermediates(images[1][None], indices=[1], output_fmt="NLC", intermediates_only=True)
+    n = int(batch["patch_valid"][1].sum())
+    torch.testing.assert_close(hidden[1][1, :n], alone[0][0], rtol=0, atol=1e-9)
+    with pytest.raises(ValueError, match='output_fmt="NLC"'):
+        model.forward_intermediates(batch)

@@ -14,6 +14,7 @@ from typing import Any
 
 from torch.utils.data import Dataset, Subset
 
+from ..records import describe_spec
 from .arrows import DIRECTIONS, ArrowConfig, ArrowDataset, arrow_statistics, paper_setting
 from .images import (
     TransformedDataset,
@@ -79,17 +80,6 @@ class DataBundle:
 
         return replace(self, train=swap(self.train, train_transform), val=swap(self.val, eval_transform),
                        test=swap(self.test, eval_transform))
-
-
-def describe_spec(spec: str) -> str:
-    """The spec as recorded in checkpoints and cards: a local path is reduced to its folder name (an absolute path
-    says nothing to another machine and may say too much about this one)."""
-    kind, _, arg = spec.partition(":")
-    if kind in ("imagefolder", "cifar", "videofolder"):
-        return f"{kind}:{Path(arg.rstrip('/')).name}"
-    if kind == "hf" and arg and Path(arg).exists():  # a save_to_disk folder: not a Hub id, so not written as one
-        return f"hf-disk:{Path(arg.rstrip('/')).name}"
-    return spec
 
 
 def build_data(spec: str, *, img_size: int, seed: int = 0, val_fraction: float = 0.1, train_size: int = 16384,

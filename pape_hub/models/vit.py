@@ -378,16 +378,23 @@ class VisionTransformer(nn.Module):
         stop_early: bool = False,
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
+        patch_coord: torch.Tensor | None = None,
+        patch_valid: torch.Tensor | None = None,
     ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
         """timm's feature API: the tokens after the blocks in ``indices``: channels-first maps (``"NCHW"``; for video
-        ``"NCHW"`` or ``"NCTHW"`` give (B, C, T, H, W)) or ``"NLC"`` tokens."""
+        ``"NCHW"`` or ``"NCTHW"`` give (B, C, T, H, W)) or ``"NLC"`` tokens. Per-token inputs (NaFlex patches with
+        ``patch_coord``, or the collator's dict) give ``"NLC"`` only, as NaFlexViT's: each sample has its own grid,
+        and padding belongs to none (drop it with ``patch_valid``, or scatter by ``patch_coord``)."""
         maps = ("NCHW", "NCTHW") if len(self.patch_embed.grid_size) == 3 else ("NCHW",)
         if output_fmt not in (*maps, "NLC"):
             raise ValueError(f"output_fmt must be one of {(*maps, 'NLC')}, got {output_fmt!r}")
+        tokens_in = naflex_input(x, patch_coord, patch_valid)
+        if tokens_in is not None and output_fmt != "NLC":
+            raise ValueError('per-token inputs have no shared grid to reshape to: use output_fmt="NLC"')
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
-        B = x.shape[0]
-        grid = self.grid_size_for(self.prepare_input(x))
-        tokens, pos = self.embed(x)
+        B = (tokens_in.patches if tokens_in is not None else x).shape[0]
+        grid = self.grid_size_for(self.prepare_input(x)) if tokens_in is None else None
+        tokens, pos = self.embed(None if tokens_in is not None else x, tokens_in=tokens_in)
         tokens, hidden, _ = self.run_blocks(tokens, pos, take=set(take_indices),
                                             stop_after=max_index if stop_early else None)
         hidden = [self.norm(h) if norm else h for h in hidden]
