@@ -190,11 +190,14 @@ BLOCK_ROWS = 128
 STATE_BYTES = 32 << 20
 
 
-def blockwise(num_tokens: int) -> bool:
-    """Whether a sequence of ``num_tokens`` (prefix included) takes the blockwise path (:data:`BLOCKWISE_FROM`); never
-    while torch.compile, torch.export or torch.fx trace (their graphs take the whole-bias path)."""
+def blockwise(num_tokens: int, batch_heads: int = 0) -> bool:
+    """Whether attention over ``num_tokens`` (prefix included) takes the blockwise path: from :data:`BLOCKWISE_FROM`
+    tokens, and in training wherever a (batch x heads, T, T) bias would exceed :data:`STATE_BYTES` (autograd would
+    keep one per layer, and a content-dependent bias several). Never while torch.compile, torch.export or torch.fx
+    trace (their graphs take the whole-bias path)."""
     tracing = torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
-    return not tracing and num_tokens >= BLOCKWISE_FROM
+    large = num_tokens >= BLOCKWISE_FROM or (torch.is_grad_enabled() and 4 * batch_heads * num_tokens**2 > STATE_BYTES)
+    return not tracing and large
 
 
 class BiasCoords(NamedTuple):

@@ -157,9 +157,13 @@ class LieRE(PositionEncoding):
         tokens = coords.shape[-2]
         size = 4 * (coords.shape[0] if coords.ndim == 3 else 1) * self.ctx.num_heads * tokens * \
             self.num_blocks * self.block_size**2
-        if size <= STATE_BYTES or torch.compiler.is_compiling():  # the layer's rotations at once
-            with full_precision(coords.device):
-                return self.rotate(qk, self.rotations(coords, layer))
+        if torch.compiler.is_compiling():  # one graph: the layer's rotations at once
+            return self.rotate_block(qk, coords, layer)
+        if size <= STATE_BYTES:  # the layer's rotations at once; in training recomputed in backward (checkpointed):
+            # matrix_exp's backward would otherwise keep several times the rotations of every layer (2.2x a plain
+            # ViT's training memory at ViT-S/16, 448 px, for LieRE-8)
+            return checkpoint(self.rotate_block, qk, coords, layer, use_reentrant=False) \
+                if torch.is_grad_enabled() and self.generators.requires_grad else self.rotate_block(qk, coords, layer)
         # a large grid: the rotations of a block of tokens, used and dropped; in training each block is recomputed
         # in backward (checkpointed), so matrix_exp's intermediates never cover every token
         step = max(1, tokens * BLOCK_BYTES // size)

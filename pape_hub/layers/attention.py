@@ -146,7 +146,7 @@ class PositionalAttention(nn.Module):
             qk = encoding_transform_qk(encoding, self.layer_idx, qk, x, state)  # (2, B, H, T, hd), or wider (PaPE)
         q, k = qk.unbind(0)
         fused = fused and self.fused_attn and not output_attentions
-        if fused and "bias" in encoding.mechanisms and blockwise(T):  # long sequences: no (heads, T, T) tensor
+        if fused and "bias" in encoding.mechanisms and blockwise(T, B * self.num_heads):  # no (heads, T, T) tensor
             blocks = encoding_bias_blocks(encoding, self.layer_idx, q, k, state, mask)
             if blocks is not None:
                 out = self.blockwise(q, k, v, blocks).transpose(1, 2).reshape(B, T, D)
