@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .absolute import AddsLearnedTable
 from .base import EncodingContext, PositionEncoding, TokenPositions, pad_prefix_bias
@@ -202,7 +203,12 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
                        ) -> Callable[[int, int], torch.Tensor]:
         """The SaPE vectors of every token are made once per layer ((B, H, N, L) per axis, no N x N), then each
         block of query rows takes its distances to every key."""
-        vectors, p = self.sape_vectors(layer, q, k, state), self.ctx.num_prefix_tokens
+        # in training the vectors are remade in backward (checkpointed): the gates and interpolation behind them are
+        # (B, H, lines, L, L) per axis and layer, which autograd would otherwise keep for every layer
+        vectors = checkpoint(self.sape_vectors, layer, q, k, state, use_reentrant=False) \
+            if torch.is_grad_enabled() and (q.requires_grad or self.pos_emb.requires_grad) \
+            else self.sape_vectors(layer, q, k, state)
+        p = self.ctx.num_prefix_tokens
         scale = self.ctx.head_dim**-0.5
 
         def rows(start: int, stop: int) -> torch.Tensor:
