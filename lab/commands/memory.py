@@ -148,7 +148,7 @@ def growth(by_res: dict[str, Any], resolutions: list[int], patch: int = 16) -> f
     import math
 
     ends = [str(resolutions[0]), str(resolutions[-1])]
-    if not all("peak_mb" in by_res.get(r, {}) and by_res[r]["peak_mb"] > 0 for r in ends):
+    if len(set(ends)) < 2 or not all("peak_mb" in by_res.get(r, {}) and by_res[r]["peak_mb"] > 0 for r in ends):
         return None
     tokens = [(int(r) // patch) ** 2 + 1 for r in ends]
     return math.log(by_res[ends[1]]["peak_mb"] / by_res[ends[0]]["peak_mb"]) / math.log(tokens[1] / tokens[0])

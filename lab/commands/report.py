@@ -199,8 +199,13 @@ def memory_block(results: Path, name: str, goal_px: int = 896) -> str:
             cells.append(f"{row['peak_mb']:.0f} MB, {row['time_s']:.2f} s" if "peak_mb" in row else
                          f"failed: {row.get('error', '?')[:40]}")
         ratio = data["ratios"].get(encoding, {}).get(at)
-        verdict = (f"{ratio['memory']:.2f} ({ratio['tensors']:.2f}), {ratio['time']:.2f} "
-                   f"{'met' if ratio['memory'] <= goal else '**over**'}" if ratio else "-")
+        verdict = "-"
+        if ratio:
+            memory_ok = "met" if ratio["memory"] <= goal else "**over**"
+            time_ok = "" if not data["train"] else " (time " + (
+                "met" if ratio["time"] <= GOALS["train_time"] else "**over**") + ")"
+            verdict = (f"{ratio['memory']:.2f} ({ratio['tensors']:.2f}), {ratio['time']:.2f}: memory {memory_ok}"
+                       f"{time_ok}")
         exponent = growth(by_res, resolutions)
         lines.append(f"| `{encoding}` | " + " | ".join(cells) + f" | {verdict} | "
                      f"{'-' if exponent is None else f'{exponent:.2f}'} |")
@@ -210,7 +215,8 @@ def memory_block(results: Path, name: str, goal_px: int = 896) -> str:
               "issue's measure, which includes what the C allocator keeps of freed blocks), and the median time of "
               f"{data['repeats']} more calls. The ratio column gives memory against `ape`'s at {at} px (the goal: "
               f"at most {goal}x), in brackets the same for the peak of live tensors (torch's profiler, free of the "
-              "allocator), then time. Growth: the exponent of memory in tokens from the first to the last "
+              "allocator), then time" + (f" (the goal: at most {GOALS['train_time']}x)" if data["train"] else "") +
+              ". Growth: the exponent of memory in tokens from the first to the last "
               f"resolution (1.0: linear). {provenance_line(data)}"]
     return "\n".join(lines) + "\n"
 

@@ -195,9 +195,9 @@ def blockwise(num_tokens: int, batch_heads: int = 0) -> bool:
     tokens, and in training wherever a (batch x heads, T, T) bias would exceed :data:`STATE_BYTES` (autograd would
     keep one per layer, and a content-dependent bias several). Never while torch.compile, torch.export or torch.fx
     trace (their graphs take the whole-bias path)."""
-    tracing = torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
-    large = num_tokens >= BLOCKWISE_FROM or (torch.is_grad_enabled() and 4 * batch_heads * num_tokens**2 > STATE_BYTES)
-    return not tracing and large
+    if torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_symbolic_tracing():
+        return False  # first: while tracing, the sizes are symbolic
+    return num_tokens >= BLOCKWISE_FROM or (torch.is_grad_enabled() and 4 * batch_heads * num_tokens**2 > STATE_BYTES)
 
 
 class BiasCoords(NamedTuple):
