@@ -41,10 +41,11 @@ from .registry import register_encoding
 __all__ = ["BLOCK_BYTES", "CACHE_BYTES", "LieRE", "skew_symmetric"]
 
 #: every layer's rotations are cached across forwards (at inference, per grid) while together they take at most this
-#: many bytes (dense LieRE at ViT-B/16 224 px: 465 MB, LieRE-8 at 448 px: 231 MB; they cost a matrix_exp per token,
-#: head and block to remake); above, each layer makes its own in every forward: memory flat, time several-fold (dense
-#: LieRE at ViT-B/16 448 px needs 1.85 GB to stay cached). A setting to change where memory or time matters more
-CACHE_BYTES = 512 << 20
+#: many bytes (they cost a matrix_exp per token, head and block to remake); above, each layer makes its own in every
+#: forward: memory flat, time several-fold. The line is a trade-off the goals pull both ways on: LieRE-8 at ViT-S/16
+#: 896 px needs 462 MB to stay cached (5x a plain ViT's peak), dense LieRE at ViT-B/16 224 px 465 MB (without it, 3.3x
+#: timm's ViT-B time). Raise it where time matters more than memory
+CACHE_BYTES = 256 << 20
 #: rotations made at a time on a large grid (matrix_exp's temporaries are several times as large)
 BLOCK_BYTES = 4 << 20
 
