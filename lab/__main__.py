@@ -16,11 +16,12 @@ LAB = CommandLine(
         "report": "regenerate the README's results tables from results/ (or --check that they are current)",
         "bench": "speed of every encoding against timm's own ViTs",
         "profile": "per-layer kernels, bytes and calls per forward of each encoding's positional work",
+        "padding": "time of native-resolution batches (per-token positions, padding) against square batches",
         "memory": "peak memory and time against tokens (224 -> 1024 px), every encoding, each in a fresh process",
         "zoo": "build registered models and run them at two resolutions",
         "hub": "a Hugging Face Hub endpoint on 127.0.0.1 (`hub serve`) for offline push and pull",
     },
-    package="lab.commands", long=("arrows", "compare", "bench", "profile", "memory", "zoo"))
+    package="lab.commands", long=("arrows", "compare", "bench", "profile", "memory", "padding", "zoo"))
 
 if __name__ == "__main__":
     sys.exit(LAB.main())

@@ -184,7 +184,7 @@ _INCIDENTAL = ("output_dir", "quiet", "overwrite", "resume", "num_workers", "log
 def complete_run(cfg: Any) -> dict[str, Any] | None:
     """The results of a run that finished in ``cfg.output_dir`` with the same settings (its saved training state
     says which), else None: ``--resume`` of a comparison keeps such runs instead of training them again."""
-    from dataclasses import asdict
+    from dataclasses import MISSING, asdict, fields
 
     out = Path(cfg.output_dir)
     try:
@@ -193,7 +193,10 @@ def complete_run(cfg: Any) -> dict[str, Any] | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     wanted = {k: v for k, v in json.loads(json.dumps(asdict(cfg))).items() if k not in _INCIDENTAL}
-    same = all(saved.get(k) == v for k, v in wanted.items()) and (out / "best" / "config.json").exists()
+    # a setting added after the run was saved counts as its default: at the default it computes what it did before
+    defaults = {f.name: json.loads(json.dumps(f.default)) for f in fields(cfg) if f.default is not MISSING}
+    same = all(saved.get(k, defaults.get(k)) == v for k, v in wanted.items()) \
+        and (out / "best" / "config.json").exists()
     return results if same and saved.get("epochs") == len(results.get("history", [])) else None
 
 

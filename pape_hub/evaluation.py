@@ -229,8 +229,12 @@ def fitting_settings(settings: list[Any], model: torch.nn.Module, task: Any, exp
     4, 8, 12 but not 6): the default sweep keeps those and says which it left out; sizes asked for explicitly that do
     not fit are refused, naming the ones that do."""
     tile = tuple(getattr(model.patch_embed, "tubelet_size", model.patch_embed.patch_size))[-1]
-    fits = [s for s in settings if s.image_size % tile == 0]
-    left = [task.size_of(s) for s in settings if s.image_size % tile]
+    def whole(s: Any) -> bool:  # every side of the images a whole number of patches (arrow grids: rows and columns)
+        sides = [s.image_size] + ([s.cell * (s.columns or s.grid)] if hasattr(s, "columns") else [])
+        return all(side % tile == 0 for side in sides)
+
+    fits = [s for s in settings if whole(s)]
+    left = [task.size_of(s) for s in settings if not whole(s)]
     if left and explicit:
         cell = settings[0].image_size // settings[0].grid
         step = tile // math.gcd(tile, cell)
@@ -363,6 +367,29 @@ def plot_sweep_summary(results: list[Evaluation], path: str | Path, title: str =
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight", format="png")  # by content: a temporary name has no .png
+
+
+def plot_training_curve(history: list[dict[str, Any]], path: str | Path, title: str = "") -> None:
+    """Loss (training and validation) and validation top-1 per epoch of a run's history (``metrics.jsonl``)."""
+    from matplotlib.figure import Figure
+
+    epochs = [h["epoch"] + 1 for h in history]
+    fig = Figure(figsize=(9, 3.6))
+    loss, accuracy = fig.subplots(1, 2)
+    loss.plot(epochs, [h["train_loss"] for h in history], marker="o", label="training loss")
+    loss.plot(epochs, [h["val_loss"] for h in history], marker="s", label="validation loss")
+    accuracy.plot(epochs, [h["val_top1"] for h in history], marker="o", color="C2", label="validation top-1")
+    best = max(history, key=lambda h: h["val_top1"])
+    accuracy.axvline(best["epoch"] + 1, color="gray", ls=":", label=f"best epoch ({best['epoch'] + 1})")
+    accuracy.set_ylim(0, 1.02)
+    for ax, name in ((loss, "loss"), (accuracy, "top-1")):
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, format="png")  # by content: a temporary name has no .png
 
 
 def save_evaluation(result: Evaluation, checkpoint: str | Path, output: str | Path | None = None

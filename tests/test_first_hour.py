@@ -30,3 +30,46 @@ def test_train_then_eval_a_patch_16_model_on_arrows(tmp_path, capsys):
 def test_an_unknown_model_name_gets_the_fix(tmp_path, capsys, name, hint):
     assert main(["train", "--model", name, "--dataset", "arrows", "--output-dir", str(tmp_path / "x")]) == 1
     assert hint in capsys.readouterr().err
+
+
+def test_pretrained_weights_without_a_network_fail_fast_naming_the_ways_out(tmp_path):
+    """Where the Hub cannot be reached and the weights are not cached, ``pretrained=True`` fails in seconds (not
+    after huggingface_hub's minute of retries) with the offline routes; a cached or given file never asks."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))  # nothing answers there
+    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "HF_HUB_OFFLINE"):
+        env.pop(proxy, None)
+    started = time.time()
+    done = subprocess.run([sys.executable, "-c", "import pape_hub, timm\n"
+                           "timm.create_model('vit_s16_rope_mixed.naver_in1k', pretrained=True)"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode != 0 and time.time() - started < 30
+    message = done.stderr.strip().splitlines()[-1]
+    assert "cannot be reached" in message
+    assert all(way in message for way in ("HF_HUB_OFFLINE=1", "local-dir:", "pretrained_cfg_overlay", "HF_ENDPOINT"))
+
+
+def test_a_small_folder_keeps_every_image_and_hears_about_its_schedule(tmp_path, capsys):
+    """40 images at the default batch of 128: the partial batch is kept (no 20% silently lost), the start-up line
+    names the pixel size the images are trained at, and a note names the batch size that gives enough steps."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for cls in ("a", "b"):
+        (tmp_path / "data" / cls).mkdir(parents=True)
+        for i in range(20):
+            Image.fromarray(rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)).save(tmp_path / "data" / cls / f"{i}.png")
+    assert main(["train", "--model", "vit_t4_rope_mixed", "--model-kwargs", '{"embed_dim": 32, "depth": 1, '
+                 '"num_heads": 2, "img_size": 16}', "--dataset", f"imagefolder:{tmp_path / 'data'}", "--epochs", "2",
+                 "--aug", "none", "--output-dir", str(tmp_path / "run")]) == 0
+    printed = capsys.readouterr().out
+    assert "36 training / 4 validation samples at 16x16 px (the model input size; --img-size changes it)" in printed
+    assert "1 steps of 128 per epoch" in printed  # 36 images kept: the partial batch is the epoch
+    assert "make 2 optimizer step(s) in 2 epochs" in printed and "--batch-size 8 gives 10" in printed
+    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert history[-1]["images_seen"] == 2 * 36

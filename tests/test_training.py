@@ -41,8 +41,9 @@ def test_train_writes_checkpoints_and_results(tmp_path):
     results = train(arrow_config(tmp_path))
     run = tmp_path / "run"
     for item in ("best/model.safetensors", "best/config.json", "last/model.safetensors", "state/trainer_state.json",
-                 "metrics.jsonl", "results.json"):
+                 "metrics.jsonl", "results.json", "training_curve.png"):
         assert (run / item).exists(), item
+    assert (run / "training_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["epoch"] for line in lines] == [0, 1]
     assert "test" in results and 0 <= results["test"]["top1"] <= 1

@@ -16,6 +16,8 @@ Examples:
     python -m lab arrows --paper --epochs 40               # the LieRE paper's harder setting
     python -m lab arrows --encodings pape --epochs 1 --init-from outputs/src/ape_seed{seed}/best  # transplant
     python -m lab arrows --cards-only                      # model_cards/ again, e.g. after a bench run
+    python -m lab arrows --native --hub none               # native-resolution training (results/arrows_native)
+    python -m lab arrows --aspect --resume --output-dir outputs/arrows --hub none  # the main job's runs, other aspects
 """
 
 from __future__ import annotations
@@ -31,11 +33,18 @@ from pape_hub.records import Comparison
 from .. import REPOSITORY
 from ..experiment import add_comparison_arguments, compare_encodings, small_vit
 
+#: the training shapes of ``--native``: 15 to 18 cells (the default 4x4 grid has 16), aspect ratios 1, 5:3 and 2
+NATIVE_SHAPES = "4x4,3x5,5x3,3x6,6x3"
+#: ``--aspect``'s evaluation grids: the default sweep, then aspect ratios 2 (one seen by --native, at other sizes) and
+#: 4 (seen by neither)
+ASPECT_GRIDS = "4,6,8,4x8,8x4,2x8,8x2"
 SETTINGS = {
     "default": dict(grid=4, cell=12, num_arrows=4, num_letters=0, hard_negatives=0),
     "paper": dict(grid=9, cell=12, num_arrows=8, num_letters=5, hard_negatives=1),
     # control: no distractor arrow next to the Y, so finding the answer needs distance but not direction
     "isolated": dict(grid=4, cell=12, num_arrows=4, num_letters=0, hard_negatives=0, isolated=True),
+    # native resolution: the default task's images at five shapes of aspect ratio 1 to 2, each at its own size
+    "native": dict(grid=4, cell=12, num_arrows=4, num_letters=0, hard_negatives=0, shapes=NATIVE_SHAPES),
 }
 #: the task's recipe: what every run trains with unless a flag says otherwise
 PRESET = dict(epochs=5, train_size=12288, eval_size=2000, batch_size=128, lr=2e-3, warmup_epochs=1, label_smoothing=0.0,
@@ -48,12 +57,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              output_dir="outputs/ + the results folder's name, outputs/arrows for the main job, "
                              "outputs/arrows_no_results with --results-dir none",
                              results_dir="results/arrows_main_job, results/arrows_full with --full, "
-                             "results/arrows_paper with --paper, each + _RECIPE for another --recipe")
+                             "results/arrows_paper with --paper, results/arrows_native with --native, "
+                             "results/arrows_aspect with --aspect, each + _RECIPE for another --recipe")
     parser.add_argument("--full", action="store_true", help="every encoding, twice the schedule")
     parser.add_argument("--paper", action="store_true", help="LieRE's setting: grid 9, 8 arrows, letters, hard negs")
     parser.add_argument("--isolated", action="store_true",
                         help="control setting: no distractor arrow next to the Y (direction is not needed)")
-    parser.add_argument("--eval-grids", default=None, help="comma-separated grids (default: train grid, +2, +4)")
+    parser.add_argument("--native", action="store_true",
+                        help=f"native-resolution training: the default task at shapes {NATIVE_SHAPES}, each image at "
+                        "its own size and aspect ratio, batched as padded token sequences (pape-hub train "
+                        "--native-resolution); evaluated at --aspect's grids; results/arrows_native")
+    parser.add_argument("--aspect", action="store_true",
+                        help=f"evaluate at grids {ASPECT_GRIDS} (other aspect ratios); with --resume and the main "
+                        "job's --output-dir outputs/arrows, its checkpoints are scored again without training")
+    parser.add_argument("--eval-grids", default=None, help="comma-separated grids, ROWSxCOLUMNS for other aspect "
+                        "ratios (default: train grid, +2, +4)")
     parser.add_argument("--hub", choices=["auto", "local", "real", "none"], default="auto",
                         help="where the seed-0 checkpoints are pushed and loaded back from: 'auto' = the Hub your "
                         "token points at if one is configured, else a Hub endpoint started on 127.0.0.1")
@@ -67,12 +85,12 @@ def run_setting(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str
     """(setting name, task setting, training preset with the flags applied, results folder or None, checkpoints
     folder). Each setting and recipe has folders of its own, so that no run overwrites the main job's checkpoints
     (the ones its model cards describe)."""
-    if args.paper and args.isolated:
-        raise ValueError("--paper and --isolated are different settings; choose one")
-    name = "paper" if args.paper else "isolated" if args.isolated else "default"
-    preset = dict(PRESET, epochs=10 if args.full else PRESET["epochs"])
+    if sum((args.paper, args.isolated, args.native)) > 1:
+        raise ValueError("--paper, --isolated and --native are different settings; choose one")
+    name = "paper" if args.paper else "isolated" if args.isolated else "native" if args.native else "default"
+    preset = dict(PRESET, epochs=10 if args.full else PRESET["epochs"], native_resolution=args.native)
     preset.update({k: getattr(args, k) for k in FLAGS if getattr(args, k) is not None})
-    variant = "full" if args.full else "main_job" if name == "default" else name
+    variant = "full" if args.full else ("aspect" if args.aspect else "main_job") if name == "default" else name
     recipe = "" if preset["recipe"] == "default" else "_" + preset["recipe"].replace("-", "_")
     results = args.results_dir or str(REPOSITORY / "results" / f"arrows_{variant}{recipe}")
     # outputs/arrows holds the main job's checkpoints only (its cards describe them); other runs keep theirs beside
@@ -99,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
     get_recipe(preset["recipe"])  # an unknown recipe fails here, before any worker starts
     if args.full:
         args.encodings = "all"
-    grids = [int(g) for g in args.eval_grids.split(",")] if args.eval_grids else \
-        [setting["grid"], setting["grid"] + 2, setting["grid"] + 4]
+    grids = [int(g) if g.isdigit() else g for g in (args.eval_grids or "").split(",") if g] or \
+        ([int(g) if g.isdigit() else g for g in ASPECT_GRIDS.split(",")] if args.aspect or args.native else
+         [setting["grid"], setting["grid"] + 2, setting["grid"] + 4])
     hub = None
     if args.hub != "none":
         from ..publish import HubTarget

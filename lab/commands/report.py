@@ -235,6 +235,28 @@ def startup_block(results: Path, name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def padding_block(results: Path, name: str) -> str:
+    """Native-resolution batches against square ones (``python -m lab padding``): per model, time per forward of
+    each form, the per-token path's cost on the same square images, and the padded batch's cost per valid token."""
+    data = load(results, name)
+    if data is None:
+        return f"_Not measured yet: `results/{name}` is missing (`python -m lab padding --output results/{name}`)._\n"
+    valid = data["valid_tokens"]
+    lines = ["| model | square batch (ms) | same images as NaFlex dict (ms) | padded batch (ms) | per-token path "
+             "× square | padded × square, per valid token |", "|---|---|---|---|---|---|"]
+    for key, row in data["rows"].items():
+        lines.append(f"| `{key}` | {row['square_ms']:.1f} | {row['naflex_square_ms']:.1f} | {row['padded_ms']:.1f} | "
+                     f"{row['per_token_ratio']:.3f} | {row['padded_ratio_per_valid_token']:.3f} |")
+    aspects = ", ".join(f"{a:.2f}" for a in data["padded_aspects"])
+    lines += ["", f"ViT-{data['size'].upper()}/16, 8 images per batch: squares of {data['resolution']} px "
+              f"({valid['square']} tokens); the same squares as timm's NaFlex dict; 8 images of aspect ratio (h/w) "
+              f"{aspects}, each resized as timm's NaFlex loader does to at most {data['padded_length']} tokens "
+              f"({valid['padded']} valid of {8 * data['padded_length']}). Medians of {data['repeats']} interleaved "
+              f"rounds, {data['device']}, {data['dtype']}. `timm_naflexvit` is timm's NaFlexViT (learned table "
+              f"resampled per image) at the same width and depth. {provenance_line(data)}"]
+    return "\n".join(lines) + "\n"
+
+
 def encodings_block(results: Path) -> str:
     from .zoo import encoding_rows
 
@@ -361,6 +383,7 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "arrows_rope_mixed_long": ("arrows", lambda r: comparison_block(r, "arrows_rope_mixed_long",
                                                                     "RoPE-Mixed's seed at chance, twice the schedule")),
     "transplant": ("arrows", transplant_block),
+    "arrows_native": ("arrows", lambda r: native_block(r)),
     "arrows_paper_pape": ("arrows", lambda r: comparison_block(r, "arrows_main_job_paper_pape",
                                                                "`python -m lab arrows --recipe paper-pape`")),
     "recipe_bisection": ("arrows", lambda r: comparison_block(r, "recipe_bisection",
@@ -375,8 +398,49 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "profile": ("profile", lambda r: profile_block(r, "profile_vit_b16_224_cpu.json")),
     "startup": ("bench", lambda r: startup_block(r, "bench_startup_cpu.json")),
     "memory_s16": ("bench", lambda r: memory_block(r, "memory_vit_s16_cpu.json")),
+    "padding_s16": ("bench", lambda r: padding_block(r, "padding_vit_s16_cpu.json")),
     "memory_train_s16_448": ("bench", lambda r: memory_block(r, "memory_train_vit_s16_448_cpu.json", 448)),
 }
+
+
+def native_block(results: Path, fixed_name: str = "arrows_aspect", native_name: str = "arrows_native",
+                 learned: float = 0.9) -> str:
+    """Fixed-size against native-resolution training on the arrow task, each encoding's test top-1 (no position
+    interpolation) at every grid of the sweep, the two arms in adjacent rows; then, computed from the numbers, which
+    encodings hold ``learned`` at every unseen grid in each arm."""
+    from ..experiment import aggregate
+
+    fixed, native = load_comparison(results, fixed_name), load_comparison(results, native_name)
+    if fixed is None or native is None:
+        return (f"_Not measured yet: `results/{fixed_name}/summary.json` and `results/{native_name}/summary.json` "
+                "(`python -m lab arrows --aspect --resume --output-dir outputs/arrows --hub none`, then "
+                "`python -m lab arrows --native --hub none`)._\n")
+    sizes = [s for s in fixed.sizes if s in native.sizes]
+    unseen = [s for s in sizes if s != fixed.sizes[0]]
+    lines = ["| encoding | trained on | " + " | ".join(f"grid {s}" for s in sizes) + " | mean of unseen grids |",
+             "|---" * (len(sizes) + 3) + "|"]
+    held: dict[str, list[str]] = {"fixed": [], "native": []}
+    for enc in [e for e in fixed.encodings if e in native.encodings]:
+        for arm, data in (("fixed", fixed), ("native", native)):
+            stats = aggregate(data.runs, data.sizes, data.unit)[enc]
+            means = {s: stats[f"grid {s}"]["mean"] for s in sizes}
+            cells = [f"{means[s]:.3f} [{stats[f'grid {s}']['ci95'][0]:.2f}, {stats[f'grid {s}']['ci95'][1]:.2f}]"
+                     for s in sizes]
+            where = "4x4 squares" if arm == "fixed" else "5 shapes, native size"
+            lines.append(f"| `{enc}` | {where} | " + " | ".join(cells)
+                         + f" | {sum(means[s] for s in unseen) / len(unseen):.3f} |")
+            if all(means[s] >= learned for s in unseen):
+                held[arm].append(f"`{enc}`")
+    verdict = (f"At least {learned} at every unseen grid: trained on squares, {', '.join(held['fixed']) or 'none'}; "
+               f"trained at native resolution, {', '.join(held['native']) or 'none'}.")
+    shapes = native.facts.get("task", {}).get("shapes", "?")
+    return "\n".join(lines + [
+        "", f"Test top-1 without position interpolation, mean over seeds {', '.join(map(str, native.seeds))} with the "
+        f"95% bootstrap interval of the mean. Fixed size: the main job's checkpoints (4x4 grids, 48 px squares) scored "
+        f"again at more grids. Native resolution: the same recipe and budget on grids {shapes}, each image at its own "
+        "size, batched as padded token sequences on timm's NaFlex machinery. Both are scored with plain image batches "
+        f"at each grid. {verdict}", "", f"Fixed size: {provenance_line(fixed)}", "",
+        f"Native resolution: {provenance_line(native)}"]) + "\n"
 
 
 def stale_results(results: Path) -> list[str]:

@@ -23,13 +23,19 @@ def ints(text: str | None) -> list[int] | None:
     return [int(t) for t in text.split(",")] if text else None
 
 
+def grids(text: str | None) -> list[int | str] | None:
+    """Arrow grids: a number of cells per side, or ROWSxCOLUMNS for a grid that is not square."""
+    return [int(t) if t.strip().isdigit() else t.strip() for t in text.split(",")] if text else None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="a checkpoint folder (config.json + model.safetensors), or a training "
                         "output folder (its best/ is evaluated)")
     parser.add_argument("--dataset", default=None, help=f"{DATASET_SPECS} (default: the built-in task or digits the "
                         "checkpoint was trained on; other datasets must be named)")
-    parser.add_argument("--sizes", default=None, help="arrow task: comma-separated grid sizes (default: the training "
-                        "grid g and g + 2, g + 4, as the main job compares them)")
+    parser.add_argument("--sizes", default=None, help="arrow task: comma-separated grid sizes, ROWSxCOLUMNS for other "
+                        "aspect ratios, e.g. 4,6,4x8,8x4 (default: the training grid g and g + 2, g + 4, as the main "
+                        "job compares them)")
     parser.add_argument("--resolutions", default=None, help="images: comma-separated sizes (default: 1x, 1.5x and 2x "
                         "the training size)")
     parser.add_argument("--clips", default=None, help="video: comma-separated FRAMESxSIZE, e.g. 6x5,6x7,10x5 "
@@ -58,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_path(Path(args.output).with_suffix(".png"), "--output's plot")
     checkpoint, dataset = resolve_eval_target(args.checkpoint, args.dataset)
     with flush_denormals():  # subnormal floats are slow on CPU and change no prediction
-        result = evaluate_checkpoint(checkpoint, dataset, sizes=ints(args.sizes),
+        result = evaluate_checkpoint(checkpoint, dataset, sizes=grids(args.sizes),
                                      resolutions=ints(args.resolutions), interpolation=args.interpolation,
                                      split=args.split, batch_size=args.batch_size, eval_size=args.eval_size,
                                      patch_shuffle={"trained": True, "all": "all", "none": False}[args.patch_shuffle],

@@ -1,10 +1,11 @@
 """The LieRE spatial-reasoning task ("which way does the arrow the Y points at point?"), generated from a seed.
 
-A ``grid x grid`` image of ``cell``-pixel cells, white glyphs on black. One ``Y`` sits in a random cell with its
-base (stem) pointing up, right, down or left; the *target* arrow sits in the neighbouring cell on the stem's
-side, and the label is the target arrow's direction (0 up, 1 right, 2 down, 3 left). Distractors: more arrows
-and upright letters A-E in other cells. LieRE section 5.2 does not say "neighbouring cell"; that is the reading
-taken here.
+A ``grid x grid`` image of ``cell``-pixel cells (``grid x columns`` when ``columns`` is set; a ``shapes`` mix
+draws each sample's grid from a list, for native-resolution training), white glyphs on black. One ``Y`` sits in a
+random cell with its base (stem) pointing up, right, down or left; the *target* arrow sits in the neighbouring cell
+on the stem's side, and the label is the target arrow's direction (0 up, 1 right, 2 down, 3 left). Distractors:
+more arrows and upright letters A-E in other cells. LieRE section 5.2 does not say "neighbouring cell"; that is the
+reading taken here.
 
 * Arrow directions are balanced in every image (``num_arrows`` is a multiple of 4, each direction equally often,
   target included), so counting arrows tells nothing and chance is exactly 25%.
@@ -58,6 +59,10 @@ class ArrowConfig:
     num_letters: int = setting(0, "arrow task: distractor letters", flag="letters")
     hard_negatives: int = setting(0, "arrow task: distractor arrows next to the Y")
     isolated: bool = setting(False, "arrow task control: no distractor arrow next to the Y (direction not needed)")
+    columns: int = setting(0, "arrow task: cells per row (0: as many as --arrow-grid, square images)")
+    shapes: str = setting("", "arrow task: a mix of grid shapes ROWSxCOLUMNS, comma-separated (e.g. 3x6,4x4,6x3): each "
+                          "sample draws one and keeps its own size and aspect ratio (train with --native-resolution)",
+                          metavar="RxC,...")
 
     def __post_init__(self) -> None:
         if self.isolated and self.hard_negatives:
@@ -69,15 +74,37 @@ class ArrowConfig:
                              f"got {self.num_arrows}")
         if self.hard_negatives > min(3, self.num_arrows - 1):
             raise ValueError(f"hard_negatives must be at most {min(3, self.num_arrows - 1)}, got {self.hard_negatives}")
+        if self.columns < 0 or self.columns == 1:
+            raise ValueError(f"arrow task columns must be 0 (square) or at least 2, got {self.columns}")
         cells_needed = 1 + self.num_arrows + self.num_letters
-        if cells_needed > self.grid * self.grid:
-            raise ValueError(f"{cells_needed} glyphs do not fit in a {self.grid}x{self.grid} grid")
+        for rows, cols in self.grid_shapes:
+            if min(rows, cols) < 2:
+                raise ValueError(f"arrow task shape {rows}x{cols}: a grid needs at least 2 cells per side")
+            if cells_needed > rows * cols:
+                raise ValueError(f"{cells_needed} glyphs do not fit in a {rows}x{cols} grid")
         if self.cell < 8:
             raise ValueError(f"cells must be at least 8 px to draw glyphs, got {self.cell}")
 
     @property
     def image_size(self) -> int:
+        """The side of the model's native (square) input: ``grid`` cells, whatever ``columns`` or ``shapes`` say."""
         return self.grid * self.cell
+
+    @property
+    def grid_shapes(self) -> list[tuple[int, int]]:
+        """The (rows, columns) of the grids samples are drawn at: the ``shapes`` mix, else one grid."""
+        if not self.shapes:
+            return [(self.grid, self.columns or self.grid)]
+        try:
+            return [tuple(int(n) for n in shape.lower().split("x", 1)) for shape in self.shapes.split(",")]
+        except ValueError:
+            raise ValueError(f"arrow task shapes must be ROWSxCOLUMNS, comma-separated (e.g. 3x6,4x4,6x3), got "
+                             f"{self.shapes!r}") from None
+
+    @property
+    def varying_shape(self) -> bool:
+        """Samples of different sizes (a ``shapes`` mix): batched only as native-resolution token sequences."""
+        return len(set(self.grid_shapes)) > 1
 
 
 def paper_setting(grid: int = 9) -> ArrowConfig:
@@ -124,7 +151,7 @@ def arrow_statistics(config: ArrowConfig) -> tuple[float, float]:
 
 
 class ArrowDataset(GeneratedDataset):
-    """``length`` deterministic samples: (image float tensor (C, S, S), label int); normalisation and channels as
+    """``length`` deterministic samples: (image float tensor (C, H, W), label int); normalisation and channels as
     :class:`~pape_hub.data.generated.GeneratedDataset`."""
 
     name, config_class, pixel_dims, label_names = "arrows", ArrowConfig, 2, DIRECTIONS
@@ -136,23 +163,25 @@ class ArrowDataset(GeneratedDataset):
         self.glyphs = render_glyphs(self.config.cell)
 
     def sample(self, index: int) -> tuple[np.ndarray, int, dict]:
-        """(uint8 image (S, S), label, layout) where layout says what went where (for tests and plots)."""
+        """(uint8 image (rows x cell, columns x cell), label, layout) where layout says what went where (for tests
+        and plots)."""
         if not 0 <= index < self.length:
             raise IndexError(index)
         cfg, rng = self.config, np.random.default_rng([self.seed, index])
-        g = cfg.grid
+        shapes = cfg.grid_shapes  # a mix draws first; one shape draws nothing, so square grids are as ever
+        rows, cols = shapes[int(rng.integers(len(shapes)))] if len(shapes) > 1 else shapes[0]
         while True:  # a Y whose stem side stays inside the grid
-            y_row, y_col, stem = int(rng.integers(g)), int(rng.integers(g)), int(rng.integers(4))
+            y_row, y_col, stem = int(rng.integers(rows)), int(rng.integers(cols)), int(rng.integers(4))
             t_row, t_col = y_row + STEPS[stem][0], y_col + STEPS[stem][1]
-            if 0 <= t_row < g and 0 <= t_col < g:
+            if 0 <= t_row < rows and 0 <= t_col < cols:
                 break
         directions = rng.permutation(np.repeat(np.arange(4), cfg.num_arrows // 4))
         label = int(directions[0])
         layout = {(y_row, y_col): f"y{stem}", (t_row, t_col): f"arrow{label}"}
         neighbours = [(y_row + dr, y_col + dc) for dr, dc in STEPS.values()]
-        neighbours = [(r, c) for r, c in neighbours if 0 <= r < g and 0 <= c < g and (r, c) not in layout]
+        neighbours = [(r, c) for r, c in neighbours if 0 <= r < rows and 0 <= c < cols and (r, c) not in layout]
         hard = [neighbours[i] for i in rng.permutation(len(neighbours))[: cfg.hard_negatives]]
-        free = [(r, c) for r in range(g) for c in range(g) if (r, c) not in layout and (r, c) not in hard]
+        free = [(r, c) for r in range(rows) for c in range(cols) if (r, c) not in layout and (r, c) not in hard]
         free = [free[i] for i in rng.permutation(len(free))]
         if cfg.isolated:  # distractor arrows only away from the Y; its free neighbour cells may take letters
             away = [cell for cell in free if cell not in neighbours]
@@ -165,7 +194,7 @@ class ArrowDataset(GeneratedDataset):
             layout[cell] = f"arrow{int(direction)}"
         for cell in free[: cfg.num_letters]:
             layout[cell] = _LETTERS[int(rng.integers(len(_LETTERS)))]
-        image = np.zeros((cfg.image_size, cfg.image_size), dtype=np.uint8)
+        image = np.zeros((rows * cfg.cell, cols * cfg.cell), dtype=np.uint8)
         for (r, c), glyph in layout.items():
             image[r * cfg.cell:(r + 1) * cfg.cell, c * cfg.cell:(c + 1) * cfg.cell] = self.glyphs[glyph]
         return image, label, layout

@@ -67,5 +67,5 @@ def pixel_statistics(dataset_class: type[GeneratedDataset], config: Any) -> tupl
     from its fixed ``statistics_seed``: the normalisation a model trained on this setting uses, whatever its
     training seed."""
     raw = dataset_class(dataset_class.statistics_samples, config, seed=dataset_class.statistics_seed, normalize=None)
-    pixels = np.stack([raw.sample(i)[0] for i in range(len(raw))]).astype(np.float64) / 255.0
+    pixels = np.concatenate([raw.sample(i)[0].ravel() for i in range(len(raw))]).astype(np.float64) / 255.0
     return float(pixels.mean()), float(pixels.std())

@@ -16,7 +16,7 @@ from .arrows import ArrowDataset
 from .generated import GeneratedDataset, pixel_statistics
 from .video import MotionDataset
 
-__all__ = ["GENERATED_TASKS", "GeneratedTask", "generated_task"]
+__all__ = ["GENERATED_TASKS", "GeneratedTask", "generated_task", "parse_grid"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +54,11 @@ class GeneratedTask:
         return self.dataset_class(size, setting, seed=seed, normalize=normalize, channels=channels)
 
     def size_of(self, setting: Any) -> int | str:
-        """A setting's evaluation size: the arrow grid, or the motion clip as ``FRAMESxGRID``."""
-        return f"{setting.frames}x{setting.grid}" if self.is_video else setting.grid
+        """A setting's evaluation size: the arrow grid (``ROWSxCOLUMNS`` where not square), or the motion clip as
+        ``FRAMESxGRID``."""
+        if self.is_video:
+            return f"{setting.frames}x{setting.grid}"
+        return setting.grid if setting.columns in (0, setting.grid) else f"{setting.grid}x{setting.columns}"
 
     def default_sizes(self, base: Any) -> list[Any]:
         """The sizes a task is compared at (``python -m lab arrows`` and ``compare``): the training size and two larger
@@ -71,7 +74,21 @@ class GeneratedTask:
         sizes = sizes or self.default_sizes(base)
         if self.is_video:
             return [dataclasses.replace(base, frames=frames, grid=grid) for frames, grid in sizes]
-        return [dataclasses.replace(base, grid=grid) for grid in sizes]
+        shapes = [parse_grid(size) for size in sizes]  # each size one grid: a training shape mix is not swept
+        return [dataclasses.replace(base, grid=rows, columns=0 if cols == rows else cols, shapes="")
+                for rows, cols in shapes]
+
+
+def parse_grid(size: int | str | tuple[int, int]) -> tuple[int, int]:
+    """An arrow grid as (rows, columns) from ``6``, ``"6"``, ``"4x8"`` or ``(4, 8)``."""
+    if isinstance(size, tuple):
+        return size
+    rows, _, cols = str(size).lower().partition("x")
+    try:
+        return int(rows), int(cols or rows)
+    except ValueError:
+        raise ValueError(f"an arrow grid is a number of cells per side or ROWSxCOLUMNS (e.g. 6 or 4x8), got "
+                         f"{size!r}") from None
 
 
 GENERATED_TASKS = {task.name: task for task in (

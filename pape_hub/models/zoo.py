@@ -224,6 +224,41 @@ def _has_weights(pretrained_cfg: Any) -> bool:
     return any(getattr(pretrained_cfg, k) for k in ("hf_hub_id", "url", "file", "state_dict"))
 
 
+#: weights files timm looks for in a Hub repo, in its order; any of them cached means no network is needed
+_HUB_WEIGHTS = ("open_clip_model.safetensors", "model.safetensors", "pytorch_model.bin")
+
+
+def _check_hub_reachable(cfg: Any, name: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, naming the ways out, where weights must come from a Hub that cannot be reached (no network):
+    huggingface_hub would retry for about a minute and end in a generic "check your connection". Nothing is checked
+    where the weights are cached, a file is given, the Hub is offline by choice (``HF_HUB_OFFLINE``) or a proxy is
+    set (a direct connection says nothing about the proxy's)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if not cfg.hf_hub_id or cfg.file or cfg.state_dict or constants.HF_HUB_OFFLINE or any(
+            os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+        return
+    repo_id, revision = (cfg.hf_hub_id.split("@", 1) + [None])[:2]
+    files = [cfg.hf_hub_filename] if cfg.hf_hub_filename else list(_HUB_WEIGHTS)
+    if any(isinstance(try_to_load_from_cache(repo_id, f, revision=revision), str) for f in files):
+        return
+    endpoint = urlparse(constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname, port), timeout=timeout_s).close()
+    except OSError as err:
+        raise OSError(
+            f"{name}'s weights come from the Hub repo {repo_id}, but {constants.ENDPOINT} cannot be reached ({err}) "
+            "and they are not in the cache. Offline, any of: set HF_HUB_OFFLINE=1 where the files are already cached "
+            "(huggingface-cli download " + repo_id + " on a connected machine, then copy ~/.cache/huggingface); "
+            "load a folder with timm.create_model('local-dir:PATH'); give a downloaded weights file with "
+            "pretrained_cfg_overlay=dict(file='PATH'); or set HF_ENDPOINT to a mirror you can reach") from None
+
+
 def _create(name: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
     # the cfg timm will load from (a tag, a dict, or hf-hub:/local-dir:, with the overlay applied)
     cfg = resolve_pretrained_cfg(name, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"))
@@ -234,6 +269,8 @@ def _create(name: str, pretrained: bool = False, **kwargs: Any) -> VisionTransfo
                          "pape_hub.list_pretrained()). Load a "
                          "checkpoint with timm.create_model('hf-hub:ORG/REPO') or 'local-dir:PATH', or use "
                          "pretrained=False")
+    if pretrained and cfg.source not in ("hf-hub", "local-dir"):  # those read their config first, through timm
+        _check_hub_reachable(cfg, f"{name}.{cfg.tag}" if cfg.tag else name)
     shards = _check_source_config(cfg, pretrained)
     if shards is not None:  # timm reads one weights file: hand it the whole sharded state as its state_dict source
         from ..folder import read_weights

@@ -24,6 +24,7 @@ from ..data import (
     is_video_spec,
 )
 from ..models import model_args_for
+from .native import NativeInput, check_native_settings, native_loaders
 from .settings import TrainConfig
 
 __all__ = ["TrainingData", "data_transforms", "fixed_normalisation", "input_spec", "prepare_data", "task_setting"]
@@ -106,20 +107,22 @@ class TrainingData:
     """What a run trains and is scored on."""
 
     data: DataBundle
-    train_loader: DataLoader
-    val_loader: DataLoader
-    test_loader: DataLoader | None
+    train_loader: Any  # a DataLoader, or NaFlexBatches at native resolution (on the device already)
+    val_loader: Any
+    test_loader: Any
     img_size: int
     num_frames: int | None  # frames per clip (video), else None
     data_config: dict[str, Any]  # input_size, mean and std, as the checkpoints record them
 
 
-def prepare_data(cfg: TrainConfig) -> TrainingData:
+def prepare_data(cfg: TrainConfig, process: tuple[torch.device, int, int] | None = None) -> TrainingData:
     """The splits of ``cfg.dataset`` (read once: a dataset read from files gives its statistics from the same
-    splits), transformed and normalised, checked to be readable, and their loaders."""
+    splits), transformed and normalised, checked to be readable, and their loaders. ``process``: (device, rank,
+    number of processes), which native-resolution batches need (they are this process's share on its device)."""
     arrow_cfg, motion_cfg = ArrowConfig(**cfg.arrow), MotionConfig(**cfg.motion)  # checked whatever the dataset
     setting = task_setting(cfg)
     img_size, num_frames, video = input_spec(cfg, setting)
+    check_native_input(cfg, setting, video)
     channels = cfg.model_kwargs.get("in_chans", 3)
     model_cfg = get_pretrained_cfg(cfg.model)  # how the model's inputs are cropped and resized, as timm's eval does
     crop_pct, interpolation = model_cfg.crop_pct, model_cfg.interpolation or "bicubic"
@@ -127,6 +130,7 @@ def prepare_data(cfg: TrainConfig) -> TrainingData:
                    train_size=cfg.train_size, eval_size=cfg.eval_size, arrow_config=arrow_cfg,
                    image_column=cfg.image_column, label_column=cfg.label_column, channels=channels,
                    motion_config=motion_cfg, num_frames=num_frames or 16)
+    native_files = cfg.native_resolution and setting is None  # PIL images, which timm's NaFlex transforms take
     normalisation = fixed_normalisation(cfg, channels, setting)
     if normalisation is None:  # the training split's own statistics: read unnormalised, then transformed
         zeros, ones = (0.0,) * channels, (1.0,) * channels
@@ -134,26 +138,63 @@ def prepare_data(cfg: TrainConfig) -> TrainingData:
             img_size, is_training=False, mean=zeros, std=ones, interpolation=interpolation, crop_pct=crop_pct)
         raw = read(train_transform=plain, eval_transform=plain)
         mean, std = channel_statistics(raw.train, max_samples=256 if video else 2048)  # decoding clips is slow
-        data = raw.with_transforms(*data_transforms(cfg, img_size, channels, mean, std, crop_pct, video,
-                                                    interpolation))
+        data = raw.with_transforms(None, None) if native_files else raw.with_transforms(
+            *data_transforms(cfg, img_size, channels, mean, std, crop_pct, video, interpolation))
     else:
         mean, std = normalisation
-        train_tf, eval_tf = data_transforms(cfg, img_size, channels, mean, std, crop_pct, video, interpolation)
-        data = read(train_transform=train_tf, eval_transform=eval_tf, normalize=(mean, std))
+        transforms_ = (None, None) if native_files else data_transforms(cfg, img_size, channels, mean, std, crop_pct,
+                                                                        video, interpolation)
+        data = read(train_transform=transforms_[0], eval_transform=transforms_[1], normalize=(mean, std))
     check_splits(data)  # a broken file is named now, not after an epoch of training
     if len(data.val) == 0:  # every epoch would "score" 0.0 from nothing and best/ would freeze at epoch 1
         raise ValueError(f"the validation split of {cfg.dataset} is empty ({len(data.train)} training images in "
                          f"{len(data.classes)} classes; a class needs at least 2 images for one to be held out): add "
                          "images, or a validation/ folder beside train/, so that the best epoch is chosen on real "
                          "scores")
+    data_config = dict(input_size=(channels, img_size, img_size), mean=mean, std=std, crop_pct=crop_pct,
+                       interpolation=interpolation)
+    if cfg.native_resolution:
+        spec = native_input(cfg, setting, img_size, mean, std, interpolation)
+        loaders = native_loaders(cfg, data.train, data.val, data.test, spec, len(data.classes),
+                                 *(process or (torch.device("cpu"), 0, 1)))
+        return TrainingData(data, *loaders, img_size, num_frames, data_config)
     generator = torch.Generator().manual_seed(cfg.seed)
-    train_loader = DataLoader(data.train, batch_size=cfg.batch_size, shuffle=True, drop_last=True,
+    # the last partial batch is dropped only where it is at most 10% of the split (a small folder keeps every image)
+    drop_last = len(data.train) % cfg.batch_size <= 0.1 * len(data.train)
+    train_loader = DataLoader(data.train, batch_size=cfg.batch_size, shuffle=True, drop_last=drop_last,
                               num_workers=cfg.num_workers, generator=generator)
     if len(train_loader) == 0:
         raise ValueError(f"the training split has {len(data.train)} samples, fewer than one batch of {cfg.batch_size}")
     val_loader = DataLoader(data.val, batch_size=cfg.batch_size, num_workers=cfg.num_workers)
     test_loader = DataLoader(data.test, batch_size=cfg.batch_size, num_workers=cfg.num_workers) \
         if data.test is not None else None
-    return TrainingData(data, train_loader, val_loader, test_loader, img_size, num_frames,
-                        dict(input_size=(channels, img_size, img_size), mean=mean, std=std, crop_pct=crop_pct,
-                             interpolation=interpolation))
+    return TrainingData(data, train_loader, val_loader, test_loader, img_size, num_frames, data_config)
+
+
+def check_native_input(cfg: TrainConfig, setting: Any, video: bool) -> None:
+    """Native resolution is for images; a generated mix of shapes needs it (its images differ in size)."""
+    if cfg.native_resolution and video:
+        raise ValueError(f"--native-resolution batches images as token sequences; {cfg.dataset!r} is video (train "
+                         "ViViT at a fixed clip size)")
+    if cfg.native_resolution:
+        check_native_settings(cfg, natural_images=setting is None)
+    if not cfg.native_resolution and getattr(setting, "varying_shape", False):
+        raise ValueError(f"--arrow-shapes {setting.shapes} draws images of different sizes, which batch only as "
+                         "token sequences: add --native-resolution")
+
+
+def native_input(cfg: TrainConfig, setting: Any, img_size: int, mean: Any, std: Any, interpolation: str
+                 ) -> NativeInput:
+    """The model's patch and token count, and for a generated task its largest image's token count (its images
+    must be whole patches: they are never resized)."""
+    patch = {**model_args_for(cfg.model), **cfg.model_kwargs}.get("patch_size", 16)
+    patch = patch if isinstance(patch, int) else patch[0]
+    largest = None
+    if setting is not None:
+        sides = [(rows * setting.cell, cols * setting.cell) for rows, cols in setting.grid_shapes]
+        if any(side % patch for pair in sides for side in pair):
+            raise ValueError(f"native resolution keeps generated images at their size, so their sides must be whole "
+                             f"{patch}-px patches; {cfg.dataset} images are {sides} px: make --arrow-cell a multiple "
+                             f"of {patch}, or the patch size a divisor of it")
+        largest = max(h * w for h, w in sides) // (patch * patch)
+    return NativeInput(patch, (img_size // patch) ** 2, tuple(mean), tuple(std), interpolation, largest)

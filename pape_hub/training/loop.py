@@ -24,7 +24,7 @@ from timm.loss import SoftTargetCrossEntropy
 from ..checkpoint import atomic_write, replace_dir, save_checkpoint
 from ..cpu import flush_denormals
 from ..data import data_fingerprint
-from ..evaluation import evaluate_loader
+from ..evaluation import evaluate_loader, plot_training_curve
 from ..models import model_args_for
 from ..progress import Progress, duration
 from ..recipes import build_optimizer, get_recipe, init_linear_layers, lr_schedule
@@ -61,14 +61,39 @@ def train(cfg: TrainConfig, on_epoch: Callable[[dict[str, Any]], None] | None = 
                                                                         ("validation", run.data.val),
                                                                         ("test", run.data.test)) if split is not None)
         parameters = sum(p.numel() for p in accelerator.unwrap_model(run.model).parameters())
-        print(f"  {parameters / 1e6:.2f}M parameters; {sizes} samples; {run.steps_per_epoch} steps of "
+        channels, height, width = run.data_config["input_size"]
+        size = "at native resolution" if cfg.native_resolution else \
+            f"at {height}x{width} px{'' if cfg.img_size else ' (the model input size; --img-size changes it)'}"
+        print(f"  {parameters / 1e6:.2f}M parameters; {sizes} samples {size}; {run.steps_per_epoch} steps of "
               f"{cfg.batch_size * cfg.grad_accum} per epoch", flush=True)
+        if note := schedule_note(cfg, len(run.data.train), run.steps_per_epoch):
+            print(note, flush=True)
     lock = claim_output_dir(cfg, accelerator.is_main_process)
     try:
         with flush_denormals(cfg.flush_denormals and accelerator.device.type == "cpu"):
             return fit(cfg, accelerator, run, on_epoch)
     finally:
         release_output_dir(lock, cfg)
+
+
+#: fewer optimizer steps than this in a whole run rarely learn anything from scratch: the run says so at the start
+MIN_STEPS = 100
+
+
+def schedule_note(cfg: TrainConfig, train_samples: int, steps_per_epoch: int) -> str | None:
+    """A note where the whole run takes fewer than :data:`MIN_STEPS` optimizer steps (a small folder at the default
+    batch of 128), naming the batch size that would give that many; None otherwise."""
+    total = cfg.epochs * steps_per_epoch
+    if total >= MIN_STEPS:
+        return None
+    batch = cfg.batch_size
+    while batch > 8 and cfg.epochs * math.ceil(train_samples / (batch * cfg.grad_accum)) < MIN_STEPS:
+        batch //= 2
+    steps = cfg.epochs * math.ceil(train_samples / (batch * cfg.grad_accum))
+    fix = f"--batch-size {batch} gives {steps}" if batch < cfg.batch_size else "smaller batches cannot give more"
+    return (f"note: {train_samples:,} training samples at batch {cfg.batch_size * cfg.grad_accum} make {total} "
+            f"optimizer step(s) in {cfg.epochs} epochs, too few to learn from scratch (aim for {MIN_STEPS} or more): "
+            f"{fix}; more --epochs add the rest (docs/training.md, \"A small folder of your own\")")
 
 
 @dataclass
@@ -91,7 +116,7 @@ class Run:
 
 def build_run(cfg: TrainConfig, accelerator: Accelerator) -> Run:
     """Data, model, optimizer, schedule and loss, prepared by accelerate."""
-    prepared = prepare_data(cfg)
+    prepared = prepare_data(cfg, (accelerator.device, accelerator.process_index, accelerator.num_processes))
     data, num_classes = prepared.data, len(prepared.data.classes)
     model = build_model(cfg, num_classes, prepared.img_size, prepared.num_frames)
     if cfg.init_from:
@@ -100,8 +125,12 @@ def build_run(cfg: TrainConfig, accelerator: Accelerator) -> Run:
             print(seeded)
     recipe = get_recipe(cfg.recipe)
     optimizer = build_optimizer(model, recipe, cfg.lr, cfg.weight_decay)
-    model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, prepared.train_loader,
-                                                                     prepared.val_loader)
+    if cfg.native_resolution:  # timm's NaFlex batches: already this process's share, on its device
+        model, optimizer = accelerator.prepare(model, optimizer)
+        train_loader, val_loader = prepared.train_loader, prepared.val_loader
+    else:
+        model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, prepared.train_loader,
+                                                                         prepared.val_loader)
     # the schedule counts optimizer steps of one process (its shard of the data); accelerate steps a prepared
     # scheduler once per process at each optimizer step, hence the division: N processes at batch B follow the
     # schedule of one process at batch N x B
@@ -114,12 +143,15 @@ def build_run(cfg: TrainConfig, accelerator: Accelerator) -> Run:
     aug = cfg.augmentation()
     mixup = None
     if data.natural_images and (aug["mixup"] > 0 or aug["cutmix"] > 0):
-        mixup = Mixup(mixup_alpha=aug["mixup"], cutmix_alpha=aug["cutmix"], label_smoothing=cfg.label_smoothing,
-                      num_classes=num_classes)
+        if not cfg.native_resolution:  # at native resolution timm's loader mixes (training.native.mixup_for)
+            mixup = Mixup(mixup_alpha=aug["mixup"], cutmix_alpha=aug["cutmix"], label_smoothing=cfg.label_smoothing,
+                          num_classes=num_classes)
         criterion: torch.nn.Module = SoftTargetCrossEntropy()
     else:
         criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
-    test_loader = accelerator.prepare(prepared.test_loader) if prepared.test_loader is not None else None
+    test_loader = prepared.test_loader
+    if test_loader is not None and not cfg.native_resolution:
+        test_loader = accelerator.prepare(test_loader)
     facts = dict(dataset=data.description, model=cfg.model, model_kwargs=cfg.model_kwargs, seed=cfg.seed,
                  recipe=recipe_summary(cfg))
     if cfg.init_from:  # where the weights started: a public checkpoint's Hub id is the card's base_model
@@ -290,6 +322,8 @@ def save_epoch(cfg: TrainConfig, accelerator: Accelerator, run: Run, record: dic
         # the whole file from the history the state holds: a run resumed after a kill or a failed save never repeats
         # an epoch's line
         atomic_write(out / "metrics.jsonl", lambda p: p.write_text("".join(json.dumps(h) + "\n" for h in history)))
+        atomic_write(out / "training_curve.png", lambda p: plot_training_curve(history, p, f"{cfg.model} on "
+                                                                               f"{cfg.dataset}, seed {cfg.seed}"))
         shutil.rmtree(out / ".state.tmp", ignore_errors=True)  # what a killed save left: never complete
         (out / ".state.tmp").mkdir()  # before any process writes its share of the state into it
     accelerator.wait_for_everyone()

@@ -24,7 +24,7 @@ LOCK_NAME, MANIFEST_NAME = ".pape_hub.lock", ".pape_hub_run.json"
 
 
 #: what a training run writes in its output folder (and nothing else there is ever removed)
-RUN_OUTPUTS = ("best", "last", "state", "metrics.jsonl", "results.json")
+RUN_OUTPUTS = ("best", "last", "state", "metrics.jsonl", "results.json", "training_curve.png")
 
 
 def _manifest(out: Path) -> list[str]:

@@ -16,7 +16,7 @@ __all__ = ["RANGES", "RESUME_HPARAMS", "TrainConfig", "comparable", "recipe_summ
 RESUME_HPARAMS = ("recipe", "lr", "min_lr", "batch_size", "weight_decay", "warmup_epochs", "grad_accum", "clip_grad",
                   "label_smoothing", "drop_path", "aug", "crop_scale", "crop_padding", "hflip", "color_jitter",
                   "randaugment", "mixup", "cutmix", "normalize", "train_size", "val_fraction", "arrow", "motion",
-                  "num_frames", "seed", "img_size")
+                  "num_frames", "seed", "img_size", "native_resolution", "seq_lens")
 
 
 #: numeric settings and their allowed range, checked by name (all must also be finite)
@@ -93,6 +93,13 @@ class TrainConfig:
                                            "--resume later")
     num_workers: int = setting(0, "data-loader worker processes")
     img_size: int | None = setting(None, "image size (default: the model's)")
+    native_resolution: bool = setting(False, "train and validate at native aspect ratio on timm's NaFlex loader: each "
+                                      "image a padded sequence of its own patches (patch_coord, patch_valid), each "
+                                      "batch about --batch-size x the longest --seq-lens tokens")
+    seq_lens: tuple[int, ...] | None = setting(None, "native resolution: tokens per image that batches draw from, "
+                                               "as timm's --naflex-train-seq-lens; images are resized to fit, aspect "
+                                               "kept (default: the model's own grid's token count; a generated task: "
+                                               "every image at its own size, padded to the largest)", metavar="N,...")
     val_fraction: float = setting(0.1, "share of the training split held out for validation (datasets without one)")
     train_size: int = setting(16384, "generated tasks: training samples per epoch")
     eval_size: int = setting(2000, "generated tasks: validation and test samples")
@@ -148,6 +155,12 @@ class TrainConfig:
             self.crop_scale = tuple(float(v) for v in self.crop_scale)
             if len(self.crop_scale) != 2 or not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1:
                 bad("crop_scale", "must be two numbers 0 < min <= max <= 1")
+        if self.seq_lens is not None:
+            if not self.seq_lens or any(v != int(v) or v < 1 for v in self.seq_lens):
+                bad("seq_lens", "must be whole numbers of tokens, at least 1 each")
+            self.seq_lens = tuple(int(v) for v in self.seq_lens)
+            if not self.native_resolution:
+                bad("seq_lens", "sets the token budgets of --native-resolution; add --native-resolution")
         if not isinstance(self.model_kwargs, dict):
             bad("model_kwargs", "must be a JSON object of model constructor arguments")
 
@@ -175,4 +188,5 @@ def recipe_summary(cfg: TrainConfig) -> dict[str, Any]:
                 augmentation=cfg.aug if not generated_task(cfg.dataset) else "none (generated task)",
                 **({k: comparable(v) for k, v in aug.items()} if not generated_task(cfg.dataset) else {}),
                 normalize=cfg.normalize, train_size=cfg.train_size if generated_task(cfg.dataset) else None,
-                mixed_precision=cfg.mixed_precision, seed=cfg.seed)
+                mixed_precision=cfg.mixed_precision, seed=cfg.seed,
+                **(dict(native_resolution=True, seq_lens=comparable(cfg.seq_lens)) if cfg.native_resolution else {}))
