@@ -166,7 +166,10 @@ class CommandLine:
             self.top_parser().print_help()
             return 2
         rest = argv[argv.index(name) + 1:]
-        if {"-h", "--help"} & set(rest):
+        asked = next((i for i, a in enumerate(rest) if a in ("-h", "--help")), None)
+        # the command's own help (cached); after a sub-action or positional first (`hub serve --help`) the parser
+        # prints that one's
+        if asked is not None and (asked == 0 or rest[0].startswith("-")):
             try:
                 print(self.command_help(name), end="")
             except ImportError as err:  # a core-only install: name the extra the command needs

@@ -311,7 +311,10 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     """A checkpoint folder's config.json (after finishing a save that was interrupted), checked to be an object."""
     path = newest_complete(Path(directory)) / CONFIG
     if not path.exists():
-        raise FileNotFoundError(f"{directory} is not a pape_hub checkpoint: {CONFIG} is missing")
+        kept = [name for name in ("best", "last") if (Path(directory) / name / CONFIG).exists()]
+        hint = (f"; it is a training output folder: pass its checkpoint {Path(directory) / kept[0]}"
+                + (f" (or {Path(directory) / kept[1]})" if len(kept) > 1 else "")) if kept else ""
+        raise FileNotFoundError(f"{directory} is not a pape_hub checkpoint: {CONFIG} is missing{hint}")
     try:
         config = json.loads(path.read_text())
     except json.JSONDecodeError as err:

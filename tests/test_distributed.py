@@ -43,7 +43,7 @@ def test_two_processes_shard_match_one_process_and_resume_exactly(tmp_path):
     history = json.loads((tmp_path / "two" / "results.json").read_text())["history"]
     assert len(history) == 2 and history[-1]["images_seen"] == 2 * 128
     assert sorted(p.name for p in (tmp_path / "two").iterdir() if not p.name.startswith(".")) == \
-        ["best", "last", "metrics.jsonl", "results.json", "state"]
+        ["best", "last", "metrics.jsonl", "results.json", "state", "training_curve.png"]
     assert len((tmp_path / "two" / "metrics.jsonl").read_text().splitlines()) == 2
     assert len(list((tmp_path / "two" / "state").glob("random_states_*.pkl"))) == 2  # one per process
     a, b = weights(tmp_path / "two"), weights(tmp_path / "one")

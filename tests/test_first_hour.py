@@ -63,7 +63,8 @@ def test_a_small_folder_keeps_every_image_and_hears_about_its_schedule(tmp_path,
     for cls in ("a", "b"):
         (tmp_path / "data" / cls).mkdir(parents=True)
         for i in range(20):
-            Image.fromarray(rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)).save(tmp_path / "data" / cls / f"{i}.png")
+            pixels = rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "data" / cls / f"{i}.png")
     assert main(["train", "--model", "vit_t4_rope_mixed", "--model-kwargs", '{"embed_dim": 32, "depth": 1, '
                  '"num_heads": 2, "img_size": 16}', "--dataset", f"imagefolder:{tmp_path / 'data'}", "--epochs", "2",
                  "--aug", "none", "--output-dir", str(tmp_path / "run")]) == 0
@@ -73,3 +74,25 @@ def test_a_small_folder_keeps_every_image_and_hears_about_its_schedule(tmp_path,
     assert "make 2 optimizer step(s) in 2 epochs" in printed and "--batch-size 8 gives 10" in printed
     history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert history[-1]["images_seen"] == 2 * 36
+
+
+@pytest.mark.parametrize("command", ["card", "push"])
+def test_card_and_push_of_a_training_folder_name_its_checkpoint(tmp_path, capsys, command):
+    import timm
+
+    from pape_hub.checkpoint import save_checkpoint
+
+    save_checkpoint(timm.create_model("vit_m12_pape", depth=1), tmp_path / "run" / "best")
+    args = [command, str(tmp_path / "run")] + (["--repo-id", "org/name"] if command == "push" else [])
+    assert main(args) == 1
+    assert f"pass its checkpoint {tmp_path / 'run' / 'best'}" in capsys.readouterr().err
+
+
+def test_the_help_of_a_sub_action_shows_its_options(capsys):
+    from lab.__main__ import LAB
+
+    with pytest.raises(SystemExit) as done:
+        LAB.main(["hub", "serve", "--help"])
+    assert done.value.code == 0
+    printed = capsys.readouterr().out
+    assert all(flag in printed for flag in ("--port", "--data-dir", "--token"))

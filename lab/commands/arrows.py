@@ -134,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     return compare_encodings(args, "arrows", train, dict(dataset="arrows", sizes=grids, eval_size=preset["eval_size"]),
                              grids, "grid", output_dir, results_dir,
                              f"arrow task ({setting_name}), trained on grid {grids[0]}", facts,
-                             publish=None if hub is None else lambda summary: publish(summary, hub, cards_dir))
+                             publish=None if hub is None else lambda summary: publish(summary, hub, cards_dir,
+                                                                                      repo_prefix(setting_name)))
 
 
 def rewrite_cards(results_dir: Path | None, namespace: str) -> int:
@@ -157,8 +158,14 @@ def rewrite_cards(results_dir: Path | None, namespace: str) -> int:
     return 0
 
 
+def repo_prefix(setting_name: str) -> str:
+    """The pushed repos' names before the encoding: the main job's ``vit-arrows-``, another setting's own (its repos
+    never replace the main job's on a real Hub)."""
+    return "vit-arrows-" if setting_name == "default" else f"vit-arrows-{setting_name}-"
+
+
 def write_cards(summary: Comparison, namespace: str, cards_dir: Path | None,
-                base: Path = Path(".")) -> list[tuple[Path, str]]:
+                base: Path = Path("."), prefix: str = "vit-arrows-") -> list[tuple[Path, str]]:
     """Give each encoding's first-seed checkpoint (``base / run.checkpoint``) its evaluation, plot and model card
     (also written to ``cards_dir``, the repository's ``model_cards/``); (checkpoint, repo id) of each."""
     from pape_hub.card import PLOT_NAME, card_from_folder
@@ -174,9 +181,9 @@ def write_cards(summary: Comparison, namespace: str, cards_dir: Path | None,
         if result.seed != first_seed:
             continue
         checkpoint = base / result.checkpoint
-        name = "vit-arrows-" + re.sub(r"[^A-Za-z0-9.]+", "-", result.label).strip("-")
-        plot_sweep_summary([result], checkpoint / PLOT_NAME, title=f"{result.label}, trained on grid "
-                           f"{summary.sizes[0]}")
+        name = prefix + re.sub(r"[^A-Za-z0-9.]+", "-", result.label).strip("-")
+        plot_sweep_summary([result], checkpoint / PLOT_NAME, title=f"{result.label}, seed {result.seed} (this "
+                           f"checkpoint), trained on grid {summary.sizes[0]}")
         write_json(result.to_dict(), checkpoint / EVALUATION_FILE)  # this run's evaluation, as the comparison has it
         ComparisonContext(summary.seeds, summary.aggregate.get(result.label), bench).write(checkpoint)
         record_outputs(checkpoint, PLOT_NAME, EVALUATION_FILE, COMPARISON_FILE)
@@ -190,10 +197,10 @@ def write_cards(summary: Comparison, namespace: str, cards_dir: Path | None,
     return items
 
 
-def publish(summary: Comparison, hub: Any, cards_dir: Path | None) -> dict[str, Any]:
+def publish(summary: Comparison, hub: Any, cards_dir: Path | None, prefix: str = "vit-arrows-") -> dict[str, Any]:
     """Write each encoding's first-seed card (``write_cards``), push the checkpoints, and load each back by repo id
     from both faces (bit-identical logits to the local folder, checked in a fresh process)."""
-    items = write_cards(summary, hub.namespace, cards_dir)
+    items = write_cards(summary, hub.namespace, cards_dir, prefix=prefix)
     with hub.session():
         repos = hub.publish(items)
     for repo_id, check in repos.items():

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 
+from pape_hub_cli import HelpFormatter
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     serve = sub.add_parser("serve", help="serve a local Hub endpoint until interrupted",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=HelpFormatter)  # the commands' own: a stated default is not repeated
     serve.add_argument("--port", type=int, default=8910, help="TCP port on 127.0.0.1 (0: any free port)")
     serve.add_argument("--data-dir", default="hub-data", help="where repositories and files are stored")
     serve.add_argument("--token", default=None, help="the token writes need (default: a random one, printed)")

@@ -34,6 +34,7 @@ import json, resource, statistics, sys, time
 import torch, timm, pape_hub
 torch.set_num_threads({threads})
 encoding, res, train, batch, repeats, size = {encoding!r}, {res}, {train}, {batch}, {repeats}, {size!r}
+profiled = {profiled}
 torch.manual_seed(0)
 model = timm.create_model(f"vit_{{size}}16_{{encoding}}", num_classes=1000)
 rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MB
@@ -55,27 +56,28 @@ if train:
 else:
     model.eval()
     with torch.inference_mode():
-        model(torch.randn(1, 3, 32, 32))
+        model(torch.randn(batch, 3, 32, 32))
         before = rss()
-        x = torch.randn(1, 3, res, res)
+        x = torch.randn(batch, 3, res, res)
         start = time.perf_counter(); model(x); first = time.perf_counter() - start
         peak = rss() - before
         times = []
         for _ in range(repeats):
             start = time.perf_counter(); model(x); times.append(time.perf_counter() - start)
-from torch.profiler import ProfilerActivity, profile
-with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:  # the same call once more
-    if train:
-        step(res)
-    else:
-        with torch.inference_mode():
-            model(x)
 live = top = 0
-for event in sorted(prof.events(), key=lambda e: e.time_range.start):  # allocations and frees in order
-    live += event.self_cpu_memory_usage
-    top = max(top, live)
-print(json.dumps(dict(peak_mb=peak, tensors_mb=top / 2**20, time_s=statistics.median(times) if times else first,
-                      first_s=first)))
+if profiled:
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:  # the same call once more
+        if train:
+            step(res)
+        else:
+            with torch.inference_mode():
+                model(x)
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):  # allocations and frees in order
+        live += event.self_cpu_memory_usage
+        top = max(top, live)
+print(json.dumps(dict(peak_mb=peak, tensors_mb=top / 2**20 if profiled else None,
+                      time_s=statistics.median(times) if times else first, first_s=first)))
 """
 
 
@@ -84,7 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resolutions", default="224,448,640,896,1024", help="comma-separated image sizes")
     parser.add_argument("--encodings", default="all", help="comma-separated encodings, or 'all'")
     parser.add_argument("--train", action="store_true", help="time and measure a training step instead")
-    parser.add_argument("--batch-size", type=int, default=4, help="training batch (inference: 1)")
+    parser.add_argument("--batch-size", type=int, default=4, help="training batch")
+    parser.add_argument("--inference-batch-size", type=int, default=1, help="inference batch")
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiled call that gives the peak of live "
+                        "tensors (one forward less: for the slowest sizes)")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls after the measured one (median)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads in each process")
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per process")
@@ -94,7 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def probe(encoding: str, res: int, args: argparse.Namespace) -> dict[str, Any]:
     """One fresh interpreter's measurement; a failure (out of memory, timeout) is recorded, not raised."""
     code = PROBE.format(threads=args.threads, encoding=encoding, res=res, train=args.train,
-                        batch=args.batch_size if args.train else 1, repeats=args.repeats, size=args.size)
+                        batch=args.batch_size if args.train else args.inference_batch_size, repeats=args.repeats,
+                        size=args.size, profiled=not args.no_profile)
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -114,11 +120,13 @@ def run(args: argparse.Namespace) -> int:
         for res in resolutions:
             rows[encoding][str(res)] = probe(encoding, res, args)
             row = rows[encoding][str(res)]
-            shown = f"{row['peak_mb']:8.1f} MB ({row['tensors_mb']:7.1f} of tensors) {row['time_s'] * 1e3:9.1f} ms" \
-                if "error" not in row else row["error"]
+            tensors = f" ({row['tensors_mb']:7.1f} of tensors)" if row.get("tensors_mb") is not None else ""
+            shown = f"{row['peak_mb']:8.1f} MB{tensors} {row['time_s'] * 1e3:9.1f} ms" if "error" not in row \
+                else row["error"]
             print(f"{encoding:16s} {res:5d} px  {shown}", flush=True)
     report = dict(provenance=provenance("bench", command="python -m lab memory " + " ".join(sys.argv[2:])),
-                  size=args.size, train=args.train, batch_size=args.batch_size if args.train else 1,
+                  size=args.size, train=args.train,
+                  batch_size=args.batch_size if args.train else args.inference_batch_size,
                   repeats=args.repeats, threads=args.threads, patch=16, resolutions=resolutions, rows=rows,
                   ratios=ratios(rows, resolutions))
     path = Path(args.output)
@@ -138,7 +146,8 @@ def ratios(rows: dict[str, dict[str, Any]], resolutions: list[int]) -> dict[str,
             mine, base = by_res.get(res, {}), rows["ape"].get(res, {})
             if "peak_mb" in mine and "peak_mb" in base and base["peak_mb"] > 0:
                 out[encoding][res] = dict(memory=mine["peak_mb"] / base["peak_mb"],
-                                          tensors=mine["tensors_mb"] / base["tensors_mb"],
+                                          tensors=mine["tensors_mb"] / base["tensors_mb"]
+                                          if mine.get("tensors_mb") and base.get("tensors_mb") else None,
                                           time=mine["time_s"] / base["time_s"])
     return out
 

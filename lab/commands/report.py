@@ -177,9 +177,10 @@ def profile_block(results: Path, name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def memory_block(results: Path, name: str, goal_px: int = 896) -> str:
+def memory_block(results: Path, name: str, goal_px: int = 896, machine_gb: float | None = None) -> str:
     """Peak memory and time against resolution (``python -m lab memory``), each encoding's ratio to ``ape`` at
-    ``goal_px`` against the issue's goal, and its memory growth exponent in tokens."""
+    ``goal_px`` against the issue's goal (``machine_gb``: instead, whether the call fits a machine of that memory),
+    and its memory growth exponent in tokens."""
     from .memory import GOALS, growth
 
     data = load(results, name)
@@ -200,23 +201,29 @@ def memory_block(results: Path, name: str, goal_px: int = 896) -> str:
                          f"failed: {row.get('error', '?')[:40]}")
         ratio = data["ratios"].get(encoding, {}).get(at)
         verdict = "-"
-        if ratio:
+        if machine_gb is not None and "peak_mb" in by_res.get(at, {}):
+            fits = "fits" if by_res[at]["peak_mb"] < machine_gb * 1024 else "**does not fit**"
+            verdict = f"{ratio['memory']:.2f}, {ratio['time']:.2f}: {fits} {machine_gb:.0f} GB" if ratio else fits
+        elif ratio:
             memory_ok = "met" if ratio["memory"] <= goal else "**over**"
             time_ok = "" if not data["train"] else " (time " + (
                 "met" if ratio["time"] <= GOALS["train_time"] else "**over**") + ")"
-            verdict = (f"{ratio['memory']:.2f} ({ratio['tensors']:.2f}), {ratio['time']:.2f}: memory {memory_ok}"
-                       f"{time_ok}")
+            tensors = f" ({ratio['tensors']:.2f})" if ratio.get("tensors") is not None else ""
+            verdict = f"{ratio['memory']:.2f}{tensors}, {ratio['time']:.2f}: memory {memory_ok}{time_ok}"
         exponent = growth(by_res, resolutions)
         lines.append(f"| `{encoding}` | " + " | ".join(cells) + f" | {verdict} | "
                      f"{'-' if exponent is None else f'{exponent:.2f}'} |")
-    what = f"a training step, batch {data['batch_size']}" if data["train"] else "inference, batch 1"
+    what = f"a training step, batch {data['batch_size']}" if data["train"] else f"inference, batch {data['batch_size']}"
+    timed = f"the median time of {data['repeats']} more calls" if data["repeats"] else "the time of that call"
+    goal_text = (f"whether the call fits a {machine_gb:.0f} GB machine (the goal), then memory and time against "
+                 "`ape`'s" if machine_gb is not None else
+                 f"memory against `ape`'s at {at} px (the goal: at most {goal}x), in brackets the same for the peak of "
+                 "live tensors (torch's profiler, free of the allocator), then time"
+                 + (f" (the goal: at most {GOALS['train_time']}x)" if data["train"] else ""))
     lines += ["", f"ViT-{data['size'].upper()}/16, {what}, CPU float32, {data['threads']} threads; each cell a fresh "
               "process: peak resident memory of the call over the process after a 32 px warm-up (`ru_maxrss`, the "
-              "issue's measure, which includes what the C allocator keeps of freed blocks), and the median time of "
-              f"{data['repeats']} more calls. The ratio column gives memory against `ape`'s at {at} px (the goal: "
-              f"at most {goal}x), in brackets the same for the peak of live tensors (torch's profiler, free of the "
-              "allocator), then time" + (f" (the goal: at most {GOALS['train_time']}x)" if data["train"] else "") +
-              ". Growth: the exponent of memory in tokens from the first to the last "
+              f"issue's measure, which includes what the C allocator keeps of freed blocks), and {timed}. The ratio "
+              f"column gives {goal_text}. Growth: the exponent of memory in tokens from the first to the last "
               f"resolution (1.0: linear). {provenance_line(data)}"]
     return "\n".join(lines) + "\n"
 
@@ -249,11 +256,11 @@ def padding_block(results: Path, name: str) -> str:
                      f"{row['per_token_ratio']:.3f} | {row['padded_ratio_per_valid_token']:.3f} |")
     aspects = ", ".join(f"{a:.2f}" for a in data["padded_aspects"])
     lines += ["", f"ViT-{data['size'].upper()}/16, 8 images per batch: squares of {data['resolution']} px "
-              f"({valid['square']} tokens); the same squares as timm's NaFlex dict; 8 images of aspect ratio (h/w) "
-              f"{aspects}, each resized as timm's NaFlex loader does to at most {data['padded_length']} tokens "
-              f"({valid['padded']} valid of {8 * data['padded_length']}). Medians of {data['repeats']} interleaved "
-              f"rounds, {data['device']}, {data['dtype']}. `timm_naflexvit` is timm's NaFlexViT (learned table "
-              f"resampled per image) at the same width and depth. {provenance_line(data)}"]
+              f"({valid['square']} tokens in the batch); the same squares as timm's NaFlex dict; 8 images of aspect "
+              f"ratio (h/w) {aspects}, each resized as timm's NaFlex loader does to at most "
+              f"{data['padded_length']} tokens ({valid['padded']} valid of {8 * data['padded_length']}). Medians of "
+              f"{data['repeats']} interleaved rounds, {data['device']}, {data['dtype']}. `timm_naflexvit` is timm's "
+              f"NaFlexViT (learned table resampled per image) at the same width and depth. {provenance_line(data)}"]
     return "\n".join(lines) + "\n"
 
 
@@ -399,6 +406,7 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "startup": ("bench", lambda r: startup_block(r, "bench_startup_cpu.json")),
     "memory_s16": ("bench", lambda r: memory_block(r, "memory_vit_s16_cpu.json")),
     "padding_s16": ("bench", lambda r: padding_block(r, "padding_vit_s16_cpu.json")),
+    "memory_b16_1024_b8": ("bench", lambda r: memory_block(r, "memory_vit_b16_1024_b8_cpu.json", 1024, machine_gb=24)),
     "memory_train_s16_448": ("bench", lambda r: memory_block(r, "memory_train_vit_s16_448_cpu.json", 448)),
 }
 

@@ -88,7 +88,13 @@ class LieRE(PositionEncoding):
     def rotations(self, coords: torch.Tensor, layer: int | None = None) -> torch.Tensor:
         """(..., T, p) token coordinates ((T, p), or (B, T, p) per sample) -> (depth, ..., heads, T, blocks, b, b)
         rotations, or (..., heads, T, blocks, b, b) for one ``layer``; float32 (float64 for float64 coordinates). A
-        token at the origin gets the identity."""
+        token at the origin gets the identity. Per-sample coordinates repeat (a batch of grids shares its cells): each
+        distinct coordinate gets one ``matrix_exp``, then every token takes its coordinate's rotation."""
+        if coords.ndim == 3 and not torch.compiler.is_compiling():  # (B, T, p); unique has a data-dependent size
+            distinct, index = torch.unique(coords.reshape(-1, coords.shape[-1]), dim=0, return_inverse=True)
+            if distinct.shape[0] < index.shape[0]:
+                rot = self.rotations(distinct, layer).index_select(-4, index)  # (..., H, B*T, G, b, b)
+                return rot.unflatten(-4, coords.shape[:2]).movedim(-5, -6)  # (..., B, H, T, G, b, b)
         work = compute_dtype(coords)
         pos = coords.to(work) * self.extent_scale.to(work)
         raw = self.generators if layer is None else self.generators[layer : layer + 1]
