@@ -230,8 +230,8 @@ def fitting_settings(settings: list[Any], model: torch.nn.Module, task: Any, exp
     not fit are refused, naming the ones that do."""
     tile = tuple(getattr(model.patch_embed, "tubelet_size", model.patch_embed.patch_size))[-1]
     def whole(s: Any) -> bool:  # every side of the images a whole number of patches (arrow grids: rows and columns)
-        sides = [s.image_size] + ([s.cell * (s.columns or s.grid)] if hasattr(s, "columns") else [])
-        return all(side % tile == 0 for side in sides)
+        shapes = getattr(s, "image_shapes", [(s.image_size, s.image_size)])
+        return all(side % tile == 0 for shape in shapes for side in shape)
 
     fits = [s for s in settings if whole(s)]
     left = [task.size_of(s) for s in settings if not whole(s)]

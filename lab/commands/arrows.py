@@ -117,9 +117,10 @@ def run(args: argparse.Namespace) -> int:
     get_recipe(preset["recipe"])  # an unknown recipe fails here, before any worker starts
     if args.full:
         args.encodings = "all"
-    grids = [int(g) if g.isdigit() else g for g in (args.eval_grids or "").split(",") if g] or \
-        ([int(g) if g.isdigit() else g for g in ASPECT_GRIDS.split(",")] if args.aspect or args.native else
-         [setting["grid"], setting["grid"] + 2, setting["grid"] + 4])
+    from pape_hub.commands.eval import grids as parse_grids
+
+    grids = parse_grids(args.eval_grids) or (parse_grids(ASPECT_GRIDS) if args.aspect or args.native else
+                                             [setting["grid"], setting["grid"] + 2, setting["grid"] + 4])
     hub = None
     if args.hub != "none":
         from ..publish import HubTarget

@@ -416,8 +416,6 @@ def native_block(results: Path, fixed_name: str = "arrows_aspect", native_name: 
     """Fixed-size against native-resolution training on the arrow task, each encoding's test top-1 (no position
     interpolation) at every grid of the sweep, the two arms in adjacent rows; then, computed from the numbers, which
     encodings hold ``learned`` at every unseen grid in each arm."""
-    from ..experiment import aggregate
-
     fixed, native = load_comparison(results, fixed_name), load_comparison(results, native_name)
     if fixed is None or native is None:
         return (f"_Not measured yet: `results/{fixed_name}/summary.json` and `results/{native_name}/summary.json` "
@@ -430,7 +428,7 @@ def native_block(results: Path, fixed_name: str = "arrows_aspect", native_name: 
     held: dict[str, list[str]] = {"fixed": [], "native": []}
     for enc in [e for e in fixed.encodings if e in native.encodings]:
         for arm, data in (("fixed", fixed), ("native", native)):
-            stats = aggregate(data.runs, data.sizes, data.unit)[enc]
+            stats = data.aggregate[enc]
             means = {s: stats[f"grid {s}"]["mean"] for s in sizes}
             cells = [f"{means[s]:.3f} [{stats[f'grid {s}']['ci95'][0]:.2f}, {stats[f'grid {s}']['ci95'][1]:.2f}]"
                      for s in sizes]

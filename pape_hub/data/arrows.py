@@ -40,7 +40,7 @@ from PIL import Image, ImageDraw
 from ..settings import setting
 from .generated import GeneratedDataset, pixel_statistics
 
-__all__ = ["ArrowConfig", "ArrowDataset", "DIRECTIONS", "STEPS", "arrow_statistics", "paper_setting",
+__all__ = ["ArrowConfig", "ArrowDataset", "DIRECTIONS", "STEPS", "arrow_statistics", "paper_setting", "parse_grid",
            "render_glyphs"]
 
 DIRECTIONS = ("up", "right", "down", "left")  # the labels of the arrow and motion tasks
@@ -95,16 +95,29 @@ class ArrowConfig:
         """The (rows, columns) of the grids samples are drawn at: the ``shapes`` mix, else one grid."""
         if not self.shapes:
             return [(self.grid, self.columns or self.grid)]
-        try:
-            return [tuple(int(n) for n in shape.lower().split("x", 1)) for shape in self.shapes.split(",")]
-        except ValueError:
-            raise ValueError(f"arrow task shapes must be ROWSxCOLUMNS, comma-separated (e.g. 3x6,4x4,6x3), got "
-                             f"{self.shapes!r}") from None
+        return [parse_grid(shape.strip()) for shape in self.shapes.split(",")]
+
+    @property
+    def image_shapes(self) -> list[tuple[int, int]]:
+        """The (height, width) in pixels of the images samples are drawn at, one per grid shape."""
+        return [(rows * self.cell, cols * self.cell) for rows, cols in self.grid_shapes]
 
     @property
     def varying_shape(self) -> bool:
         """Samples of different sizes (a ``shapes`` mix): batched only as native-resolution token sequences."""
         return len(set(self.grid_shapes)) > 1
+
+
+def parse_grid(size: int | str | tuple[int, int]) -> tuple[int, int]:
+    """An arrow grid as (rows, columns) from ``6``, ``"6"``, ``"4x8"`` or ``(4, 8)``."""
+    if isinstance(size, tuple):
+        return size
+    rows, _, cols = str(size).lower().partition("x")
+    try:
+        return int(rows), int(cols or rows)
+    except ValueError:
+        raise ValueError(f"an arrow grid is a number of cells per side or ROWSxCOLUMNS (e.g. 6 or 4x8), got "
+                         f"{size!r}") from None
 
 
 def paper_setting(grid: int = 9) -> ArrowConfig:

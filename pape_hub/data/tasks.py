@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .arrows import ArrowDataset
+from .arrows import ArrowDataset, parse_grid
 from .generated import GeneratedDataset, pixel_statistics
 from .video import MotionDataset
 
-__all__ = ["GENERATED_TASKS", "GeneratedTask", "generated_task", "parse_grid"]
+__all__ = ["GENERATED_TASKS", "GeneratedTask", "generated_task"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,18 +77,6 @@ class GeneratedTask:
         shapes = [parse_grid(size) for size in sizes]  # each size one grid: a training shape mix is not swept
         return [dataclasses.replace(base, grid=rows, columns=0 if cols == rows else cols, shapes="")
                 for rows, cols in shapes]
-
-
-def parse_grid(size: int | str | tuple[int, int]) -> tuple[int, int]:
-    """An arrow grid as (rows, columns) from ``6``, ``"6"``, ``"4x8"`` or ``(4, 8)``."""
-    if isinstance(size, tuple):
-        return size
-    rows, _, cols = str(size).lower().partition("x")
-    try:
-        return int(rows), int(cols or rows)
-    except ValueError:
-        raise ValueError(f"an arrow grid is a number of cells per side or ROWSxCOLUMNS (e.g. 6 or 4x8), got "
-                         f"{size!r}") from None
 
 
 GENERATED_TASKS = {task.name: task for task in (

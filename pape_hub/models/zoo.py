@@ -224,10 +224,6 @@ def _has_weights(pretrained_cfg: Any) -> bool:
     return any(getattr(pretrained_cfg, k) for k in ("hf_hub_id", "url", "file", "state_dict"))
 
 
-#: weights files timm looks for in a Hub repo, in its order; any of them cached means no network is needed
-_HUB_WEIGHTS = ("open_clip_model.safetensors", "model.safetensors", "pytorch_model.bin")
-
-
 def _check_hub_reachable(cfg: Any, name: str, timeout_s: float = 5.0) -> None:
     """Fail in seconds, naming the ways out, where weights must come from a Hub that cannot be reached (no network):
     huggingface_hub would retry for about a minute and end in a generic "check your connection". Nothing is checked
@@ -238,12 +234,15 @@ def _check_hub_reachable(cfg: Any, name: str, timeout_s: float = 5.0) -> None:
     from urllib.parse import urlparse
 
     from huggingface_hub import constants, try_to_load_from_cache
+    from timm.models._hub import HF_OPEN_CLIP_SAFE_WEIGHTS_NAME, HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME, hf_split
 
     if not cfg.hf_hub_id or cfg.file or cfg.state_dict or constants.HF_HUB_OFFLINE or any(
             os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
         return
-    repo_id, revision = (cfg.hf_hub_id.split("@", 1) + [None])[:2]
-    files = [cfg.hf_hub_filename] if cfg.hf_hub_filename else list(_HUB_WEIGHTS)
+    repo_id, revision = hf_split(cfg.hf_hub_id)
+    # the weights files timm looks for, in its order: any of them cached means no network is needed
+    files = [cfg.hf_hub_filename] if cfg.hf_hub_filename else [HF_OPEN_CLIP_SAFE_WEIGHTS_NAME, HF_SAFE_WEIGHTS_NAME,
+                                                               HF_WEIGHTS_NAME]
     if any(isinstance(try_to_load_from_cache(repo_id, f, revision=revision), str) for f in files):
         return
     endpoint = urlparse(constants.ENDPOINT)

@@ -131,6 +131,12 @@ def prepare_data(cfg: TrainConfig, process: tuple[torch.device, int, int] | None
                    image_column=cfg.image_column, label_column=cfg.label_column, channels=channels,
                    motion_config=motion_cfg, num_frames=num_frames or 16)
     native_files = cfg.native_resolution and setting is None  # PIL images, which timm's NaFlex transforms take
+
+    def split_transforms(mean: Any, std: Any) -> tuple[Any, Any]:
+        """(train, eval) transforms; none for files at native resolution (timm's NaFlex loader transforms them)."""
+        return (None, None) if native_files else data_transforms(cfg, img_size, channels, mean, std, crop_pct, video,
+                                                                 interpolation)
+
     normalisation = fixed_normalisation(cfg, channels, setting)
     if normalisation is None:  # the training split's own statistics: read unnormalised, then transformed
         zeros, ones = (0.0,) * channels, (1.0,) * channels
@@ -138,13 +144,11 @@ def prepare_data(cfg: TrainConfig, process: tuple[torch.device, int, int] | None
             img_size, is_training=False, mean=zeros, std=ones, interpolation=interpolation, crop_pct=crop_pct)
         raw = read(train_transform=plain, eval_transform=plain)
         mean, std = channel_statistics(raw.train, max_samples=256 if video else 2048)  # decoding clips is slow
-        data = raw.with_transforms(None, None) if native_files else raw.with_transforms(
-            *data_transforms(cfg, img_size, channels, mean, std, crop_pct, video, interpolation))
+        data = raw.with_transforms(*split_transforms(mean, std))
     else:
         mean, std = normalisation
-        transforms_ = (None, None) if native_files else data_transforms(cfg, img_size, channels, mean, std, crop_pct,
-                                                                        video, interpolation)
-        data = read(train_transform=transforms_[0], eval_transform=transforms_[1], normalize=(mean, std))
+        train_tf, eval_tf = split_transforms(mean, std)
+        data = read(train_transform=train_tf, eval_transform=eval_tf, normalize=(mean, std))
     check_splits(data)  # a broken file is named now, not after an epoch of training
     if len(data.val) == 0:  # every epoch would "score" 0.0 from nothing and best/ would freeze at epoch 1
         raise ValueError(f"the validation split of {cfg.dataset} is empty ({len(data.train)} training images in "
@@ -173,12 +177,12 @@ def prepare_data(cfg: TrainConfig, process: tuple[torch.device, int, int] | None
 
 def check_native_input(cfg: TrainConfig, setting: Any, video: bool) -> None:
     """Native resolution is for images; a generated mix of shapes needs it (its images differ in size)."""
-    if cfg.native_resolution and video:
-        raise ValueError(f"--native-resolution batches images as token sequences; {cfg.dataset!r} is video (train "
-                         "ViViT at a fixed clip size)")
     if cfg.native_resolution:
+        if video:
+            raise ValueError(f"--native-resolution batches images as token sequences; {cfg.dataset!r} is video (train "
+                             "ViViT at a fixed clip size)")
         check_native_settings(cfg, natural_images=setting is None)
-    if not cfg.native_resolution and getattr(setting, "varying_shape", False):
+    elif getattr(setting, "varying_shape", False):
         raise ValueError(f"--arrow-shapes {setting.shapes} draws images of different sizes, which batch only as "
                          "token sequences: add --native-resolution")
 
@@ -191,7 +195,7 @@ def native_input(cfg: TrainConfig, setting: Any, img_size: int, mean: Any, std: 
     patch = patch if isinstance(patch, int) else patch[0]
     largest = None
     if setting is not None:
-        sides = [(rows * setting.cell, cols * setting.cell) for rows, cols in setting.grid_shapes]
+        sides = setting.image_shapes
         if any(side % patch for pair in sides for side in pair):
             raise ValueError(f"native resolution keeps generated images at their size, so their sides must be whole "
                              f"{patch}-px patches; {cfg.dataset} images are {sides} px: make --arrow-cell a multiple "

@@ -26,6 +26,7 @@ import torch
 from timm.data import create_transform
 from timm.data.naflex_dataset import NaFlexCollator, NaFlexMapDatasetWrapper
 from timm.data.naflex_mixup import NaFlexMixup
+from timm.data.naflex_transforms import Patchify
 from torch.utils.data import DataLoader, Dataset
 
 from .settings import TrainConfig
@@ -112,7 +113,7 @@ def native_loaders(cfg: TrainConfig, train: Dataset, val: Dataset, test: Dataset
                                           std=spec.std, interpolation=spec.interpolation, patch_size=spec.patch_size,
                                           max_seq_len=longest, patchify=True)
     else:  # tensors at native size: patchified as they are, never resized
-        factory, eval_transform = (lambda **_: None), _Patchified(spec.patch_size)
+        factory, eval_transform = (lambda **_: None), Patchify(spec.patch_size)
     with contextlib.redirect_stdout(io.StringIO()):  # timm prints each schedule it builds; one line a run suffices
         wrapper = NaFlexMapDatasetWrapper(train, patch_size=spec.patch_size, seq_lens=seq_lens,
                                           max_tokens_per_batch=cfg.batch_size * longest, transform_factory=factory,
@@ -128,18 +129,6 @@ def native_loaders(cfg: TrainConfig, train: Dataset, val: Dataset, test: Dataset
                                         num_workers=cfg.num_workers, collate_fn=NaFlexCollator(longest)), device)
 
     return train_batches, evaluation(val), evaluation(test) if test is not None else None
-
-
-class _Patchified:
-    """A generated task's tensor (C, H, W) as timm's patch dict, at its own size."""
-
-    def __init__(self, patch_size: int) -> None:
-        from timm.data.naflex_transforms import Patchify
-
-        self.patchify = Patchify(patch_size)
-
-    def __call__(self, image: torch.Tensor) -> dict[str, torch.Tensor]:
-        return self.patchify(image)
 
 
 class _Transformed(Dataset):
