@@ -13,6 +13,7 @@ LAB = CommandLine(
     commands={
         "arrows": "the main job: train encodings on the arrow task and compare them on larger grids",
         "compare": "train several encodings on one dataset and compare them across resolutions (e.g. digits)",
+        "modalities": "every free-coordinate encoding on generated point clouds and event streams, over seeds",
         "report": "regenerate the README's results tables from results/ (or --check that they are current)",
         "bench": "speed of every encoding against timm's own ViTs",
         "profile": "per-layer kernels, bytes and calls per forward of each encoding's positional work",
@@ -21,7 +22,7 @@ LAB = CommandLine(
         "zoo": "build registered models and run them at two resolutions",
         "hub": "a Hugging Face Hub endpoint on 127.0.0.1 (`hub serve`) for offline push and pull",
     },
-    package="lab.commands", long=("arrows", "compare", "bench", "profile", "memory", "padding", "zoo"))
+    package="lab.commands", long=("arrows", "compare", "modalities", "bench", "profile", "memory", "padding", "zoo"))
 
 if __name__ == "__main__":
     sys.exit(LAB.main())

@@ -322,10 +322,12 @@ def summary_table(summary: Comparison) -> str:
     """Markdown: one row per encoding, each column's mean over seeds with its 95% bootstrap interval (the mean
     alone for one seed). Aggregated from the runs the summary holds, so a summary written before the interval
     existed shows it too."""
-    labels = ["best val"] + [c[0] for c in columns(summary.sizes, summary.unit)]
+    stats = aggregate(summary.runs, summary.sizes, summary.unit)
+    labels = [label for label in ["best val"] + [c[0] for c in columns(summary.sizes, summary.unit)]
+              if any(label in cols for cols in stats.values())]  # no empty column (points and events: no interp.)
     several = len(summary.seeds) > 1
     lines = ["| encoding | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
-    for enc, cols in aggregate(summary.runs, summary.sizes, summary.unit).items():
+    for enc, cols in stats.items():
         cells = [(f"{c['mean']:.3f} [{c['ci95'][0]:.2f}, {c['ci95'][1]:.2f}]" if several else f"{c['mean']:.3f}")
                  if (c := cols.get(label)) else "-" for label in labels]
         lines.append(f"| `{enc}` | " + " | ".join(cells) + " |")

@@ -37,6 +37,7 @@ RESULT_PROBES: dict[str, tuple[str, ...]] = {
     "compare": ("models", "training"),
     "bench": ("models",),
     "profile": ("models",),
+    "modalities": ("models", "free_tokens", "free_training"),
 }
 TOLERANCE = dict(rel=1e-4, abs=1e-6)
 _TINY = dict(embed_dim=32, depth=2, num_heads=2)
@@ -176,7 +177,76 @@ def _probe_training() -> dict[str, list[float]]:
     return out
 
 
-_PROBES = {"models": _probe_models, "training": _probe_training}
+def _probe_free_tokens() -> dict[str, list[float]]:
+    """Every free-coordinate encoding's float64 logits on a tiny point model (both stems) and a tiny event model,
+    every weight filled by name, on fixed inputs with padding."""
+    import timm
+    import torch
+
+    from pape_hub.models.free_tokens import free_coordinate_encodings
+
+    generator = torch.Generator().manual_seed(4)
+    points = torch.randn(2, 40, 3, generator=generator, dtype=torch.float64) * 0.5
+    events = torch.cat([torch.randint(0, 16, (2, 60, 2), generator=generator).double(),
+                        torch.rand(2, 60, 1, generator=generator, dtype=torch.float64) * 100,
+                        torch.randint(0, 2, (2, 60, 1), generator=generator).double()], dim=-1)
+    valid = torch.ones(2, 60, dtype=torch.bool)
+    valid[1, 45:] = False
+    out: dict[str, list[float]] = {}
+    for enc in free_coordinate_encodings():
+        models = {
+            "points": (dict(num_groups=8, group_size=6), points, valid[:, :40]),
+            "points_invariant": (dict(num_groups=8, group_size=6, rotation_invariant_groups=True), points,
+                                 valid[:, :40]),
+            "events": (dict(sensor_size=[16, 16], event_patch_size=4, threshold=3, time_scale=10.0,
+                            nominal_duration=100.0), events, valid)}
+        for name, (kwargs, x, mask) in models.items():
+            family = "pointvit" if name.startswith("points") else "eventvit"
+
+            def build(family: str = family, kwargs: dict[str, Any] = kwargs, enc: str = enc) -> Any:
+                return timm.create_model(f"{family}_m_{enc}", num_classes=3, **_TINY, **kwargs)
+
+            model = fill_by_name(build().double().eval(), random_buffers(build))
+            with torch.no_grad():
+                out[f"{name}/{enc}"] = _numbers(model(x, mask))
+    return out
+
+
+_FREE_TRAINING_RUNS: dict[str, dict[str, Any]] = {
+    "shapes3d": dict(model="pointvit_m_pape_ri", model_kwargs=dict(_TINY, num_groups=8, group_size=8),
+                     dataset="shapes3d", shapes=dict(points=64, min_points=32), epochs=1, batch_size=16,
+                     train_size=48, eval_size=16),
+    "movingdot": dict(model="eventvit_m_rope", model_kwargs=dict(_TINY, sensor_size=[32, 32], event_patch_size=8,
+                                                                 threshold=8, time_scale=25_000.0),
+                      dataset="movingdot", events=dict(steps=24), epochs=1, batch_size=16, train_size=48,
+                      eval_size=16),
+}
+
+
+def _probe_free_training() -> dict[str, list[float]]:
+    """An epoch of the real training loop on each generated point and event task from weights filled by name."""
+    import torch
+
+    from pape_hub.training import TrainConfig, loop, train
+
+    out: dict[str, list[float]] = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with tempfile.TemporaryDirectory(prefix="pape_hub_probe_") as tmp, \
+                patch.object(loop, "build_model", _filled_build_model(loop.build_model)):
+            for name, fields in _FREE_TRAINING_RUNS.items():
+                result = train(TrainConfig(**fields, output_dir=str(Path(tmp) / name), quiet=True, seed=3))
+                out[f"train/{name}"] = [v for h in result["history"] for v in
+                                        (h["train_loss"], h["val_loss"], h["val_top1"])] + \
+                    [result["test"]["loss"], result["test"]["top1"]]
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+_PROBES = {"models": _probe_models, "training": _probe_training, "free_tokens": _probe_free_tokens,
+           "free_training": _probe_free_training}
 
 
 @cache

@@ -4,7 +4,8 @@
 ``python -m lab.publish ITEMS.json`` with ``ITEMS.json`` a list of ``[checkpoint folder, repo id]``: pushes each, then
 loads it back by repo id from both faces; the Hub is the one ``HF_ENDPOINT`` / ``HF_TOKEN`` name. Prints one JSON
 line: per repo the commit URL and whether ``timm.create_model("hf-hub:<repo>")`` and
-``AutoModelForImageClassification.from_pretrained("<repo>")`` give logits bit-identical to the local folder's.
+``AutoModelForImageClassification.from_pretrained("<repo>")`` (point and event models:
+``AutoModelForSequenceClassification``) give logits bit-identical to the local folder's.
 """
 
 from __future__ import annotations
@@ -95,20 +96,46 @@ class HubTarget:
 def roundtrip(checkpoint: Path, repo_id: str) -> dict[str, Any]:
     import timm
     import torch
-    from transformers import AutoModelForImageClassification
+    from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
 
     from pape_hub.hub import push_checkpoint
+    from pape_hub.models.free_tokens import FreeTokenTransformer
 
     url = push_checkpoint(checkpoint, repo_id)
     local = timm.create_model(f"local-dir:{checkpoint}", pretrained=True).eval()
     from_timm = timm.create_model(f"hf-hub:{repo_id}", pretrained=True).eval()
+    generator = torch.Generator().manual_seed(0)
+    if isinstance(local, FreeTokenTransformer):  # points or events: a padded batch and its mask
+        from_hf = AutoModelForSequenceClassification.from_pretrained(repo_id).eval()
+        x, valid = free_token_inputs(local, generator)
+        with torch.no_grad():
+            reference = local(x, valid)
+            face = from_hf(x, attention_mask=valid.long()).logits
+            return dict(url=url, timm_identical=bool(torch.equal(from_timm(x, valid), reference)),
+                        transformers_identical=bool(torch.equal(face, reference)))
     from_hf = AutoModelForImageClassification.from_pretrained(repo_id).eval()
     channels, size = local.patch_embed.proj.in_channels, local.patch_embed.img_size
-    x = torch.randn(2, channels, *size, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, channels, *size, generator=generator)
     with torch.no_grad():
         reference = local(x)
         return dict(url=url, timm_identical=bool(torch.equal(from_timm(x), reference)),
                     transformers_identical=bool(torch.equal(from_hf(x).logits, reference)))
+
+
+def free_token_inputs(model: Any, generator: Any) -> tuple[Any, Any]:
+    """Two padded samples a point or event model takes: points in the unit ball, or events on its sensor."""
+    import torch
+
+    valid = torch.ones(2, 300, dtype=torch.bool)
+    valid[1, 200:] = False
+    if hasattr(model.patch_embed, "sensor_size"):
+        height, width = model.patch_embed.sensor_size
+        xy = torch.stack([torch.randint(0, width, (2, 300), generator=generator),
+                          torch.randint(0, height, (2, 300), generator=generator)], dim=-1).float()
+        t = torch.rand(2, 300, 1, generator=generator) * model.patch_embed.time_scale * 8
+        polarity = torch.randint(0, 2, (2, 300, 1), generator=generator).float() * 2 - 1
+        return torch.cat([xy, t, polarity], dim=-1), valid
+    return torch.randn(2, 300, model.patch_embed.in_chans, generator=generator) * 0.5, valid
 
 
 def main(path: str) -> int:

@@ -62,7 +62,7 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path, not install
 #: the optional dependencies, by their import name -> the extra that installs them (``pip install 'pape_hub[X]'``)
 EXTRAS = {"transformers": "hf", "huggingface_hub": "hf", "safetensors": "hf", "jinja2": "hf", "accelerate": "train",
           "tqdm": "train", "matplotlib": "train", "filelock": "train", "datasets": "data", "sklearn": "data",
-          "av": "video"}
+          "h5py": "data", "av": "video"}
 
 
 def missing_extra(err: ImportError) -> str | None:

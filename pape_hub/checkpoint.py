@@ -47,6 +47,8 @@ from .folder import (
 )
 from .hf.configuration_pape_vit import check_checkpoint_config
 from .hf.remote_code import write_remote_code
+from .layers.point_groups import PointGroupEmbed
+from .models.free_tokens import FreeTokenTransformer
 from .models.weights import check_finite_weights
 from .records import EVALUATION_FILE, Evaluation
 
@@ -272,6 +274,8 @@ def _write_checkpoint_files(tmp: Path, model: torch.nn.Module, results: Evaluati
 
     face = hasattr(model, "vit") and hasattr(model, "config")  # the transformers face: its core is the timm model
     core = model.vit if face else model
+    if isinstance(core, FreeTokenTransformer):
+        return _write_free_token_files(tmp, model, core, results, label_names, extra)
     if face:
         mean, std = model.config.normalisation()
         data_config = data_config or dict(mean=mean, std=std)
@@ -305,6 +309,62 @@ def _write_checkpoint_files(tmp: Path, model: torch.nn.Module, results: Evaluati
     if results is not None:
         record = results.to_dict() if isinstance(results, Evaluation) else results
         (tmp / EVALUATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def free_token_architecture(model: FreeTokenTransformer) -> str:
+    """The registered name a point or event model is saved under: the one timm built it as, else its family, the
+    size whose width and depth it has (``m`` where none has) and its encoding; ``model_args`` hold the rest."""
+    from .models.zoo import MODEL_SIZES, list_pape_models
+
+    built = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
+    if built in list_pape_models():
+        return built
+    family = "pointvit" if isinstance(model.patch_embed, PointGroupEmbed) else "eventvit"
+    size = next((k for k, v in MODEL_SIZES.items() if (v["embed_dim"], v["depth"]) == (model.embed_dim,
+                                                                                      len(model.blocks))), "m")
+    name = f"{family}_{size}_{model.pos_encoding.name}"
+    return name if name in list_pape_models() else f"{family}_m_{model.pos_encoding.name}"
+
+
+def _write_free_token_files(tmp: Path, model: torch.nn.Module, core: FreeTokenTransformer,
+                            results: Evaluation | dict[str, Any] | None, label_names: list[str] | None,
+                            extra: dict[str, Any] | None) -> None:
+    """A point or event model's folder: the weights under the transformers face's keys, ``config.json`` with the
+    transformers configuration, ``auto_map`` and timm's fields, and the code files of remote code. No processor:
+    points and events go in as they are."""
+    from .hf.convert import free_token_config, transformers_class
+    from .hf.modeling_pape_vit import folder_fields
+
+    if core is model:
+        labels = label_names or (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
+        hf_config = free_token_config(model, list(labels) if labels else None)
+    else:  # the transformers face: its configuration, with the given labels
+        hf_config = copy.deepcopy(model.config)
+        if label_names:
+            hf_config.id2label = dict(enumerate(label_names))
+            hf_config.label2id = {name: i for i, name in enumerate(label_names)}
+    if core.num_classes and len(hf_config.id2label) != core.num_classes:
+        raise ValueError(f"{len(hf_config.id2label)} label names for a model of {core.num_classes} classes")
+    hf_class = transformers_class(hf_config, head=bool(core.num_classes))
+    config = {**hf_config.to_diff_dict(), "architectures": [hf_class.__name__],
+              "dtype": str(next(core.parameters()).dtype).removeprefix("torch."),
+              **folder_fields(hf_class.auto_map, hf_config, core), "pape_hub": dict(extra or {})}
+    weights = {f"vit.{k}": v.detach().contiguous() for k, v in core.state_dict().items()}
+    save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
+    os.chmod(tmp / WEIGHTS, 0o644)
+    (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_remote_code(tmp, entries=[v.split(".")[0] for v in hf_class.auto_map.values()])
+    if results is not None:
+        record = results.to_dict() if isinstance(results, Evaluation) else results
+        (tmp / EVALUATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def is_free_token_config(config: dict[str, Any]) -> bool:
+    """Whether a checkpoint's config.json describes a point or event model (no transformers fields to check)."""
+    from .models.zoo import FREE_TOKEN_FAMILIES
+
+    name = config.get("architecture")
+    return isinstance(name, str) and name.split("_")[0] in FREE_TOKEN_FAMILIES
 
 
 def read_config(directory: str | Path) -> dict[str, Any]:
@@ -390,11 +450,12 @@ def load_checkpoint(directory: str | Path, **overrides: Any) -> tuple[torch.nn.M
         raise ValueError(f"{directory / CONFIG} has no 'architecture': not a timm/pape_hub checkpoint")
     check_architecture(config, str(directory / CONFIG))
     check_checkpoint_config(config, str(directory / CONFIG))
-    try:  # how inputs are prepared: sizes within bounds, one positive std per channel
-        DataConfig.from_pretrained_cfg(config.get("pretrained_cfg") or {})
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"{directory / CONFIG}: its pretrained_cfg (how inputs are prepared) is invalid: {err}"
-                         ) from err
+    if not is_free_token_config(config):  # points and events have no pixels to prepare
+        try:  # how inputs are prepared: sizes within bounds, one positive std per channel
+            DataConfig.from_pretrained_cfg(config.get("pretrained_cfg") or {})
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{directory / CONFIG}: its pretrained_cfg (how inputs are prepared) is invalid: {err}"
+                             ) from err
     files = weight_files(directory)  # model.safetensors, or the shards of a sharded save
     check_weights_shapes(config, files, str(directory / CONFIG), **overrides)
     args = {**config.get("model_args", {}), **overrides}

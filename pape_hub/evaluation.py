@@ -7,6 +7,7 @@ import json
 import math
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,17 @@ from .checkpoint import atomic_write, check_output_path, load_checkpoint, record
 from .data import (
     DATASET_SPECS,
     GENERATED_TEST_SEED,
+    EventConfig,
+    ShapeConfig,
     VideoTransform,
     build_data,
     describe_spec,
+    free_token_family,
     generated_task,
     is_video_spec,
 )
+from .data.event_streams import MovingDotDataset
+from .data.point_clouds import ShapeDataset, pad_collate
 from .progress import Progress
 from .records import EVALUATION_FILE, Evaluation, SweepRow, git_commit
 
@@ -167,6 +173,8 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
     """
     model, config = load_checkpoint(checkpoint)
     model.eval()
+    if free_token_family(dataset) is not None:  # point clouds, event streams: sweeps of their own kind
+        return evaluate_free_tokens(model, config, checkpoint, dataset, sizes, split, batch_size, eval_size, progress)
     modes = {"both": [False, True], "on": [True], "off": [False]}[interpolation]
     tile = tuple(getattr(model.patch_embed, "tubelet_size", model.patch_embed.patch_size))
     trained_size = _trained_size(config, dataset, model.patch_embed.img_size[0])
@@ -187,6 +195,62 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str = "arrows", sizes: 
                       num_classes=model.num_classes,
                       split=(scored or [split])[0] if task is None else "generated test seed", sweep_unit=unit,
                       trained_at=trained_size, commit=git_commit())
+
+
+def free_token_sweep(config: dict[str, Any], dataset: str, sizes: list[Any] | None, split: str | None,
+                     eval_size: int) -> tuple[list[tuple[str, Any]], str, str]:
+    """(size label, dataset) of each pass over point clouds or events, the sweep's unit, and the trained size.
+
+    ``shapes3d``: point counts (default: 1/4, 1/2, 1 and 2 times the training's most points), each in the canonical
+    pose and in random poses (rotated, and shifted by up to 0.5); ``movingdot``: speeds (default 0.5, 1, 2 times the
+    training's, so crossings last twice, once and half as long), and the training speed with half the events; files:
+    their test split (or validation, as :func:`split_to_score` says)."""
+    kind = dataset.partition(":")[0]
+    trained = config.get("pape_hub", {}).get("dataset", {}).get("train", {})
+    if kind == "shapes3d":
+        base = ShapeConfig(**{k: v for k, v in trained.items() if k in ShapeConfig.__dataclass_fields__})
+        counts = [int(v) for v in sizes] if sizes else [base.points // 4, base.points // 2, base.points,
+                                                       base.points * 2]
+        passes = []
+        for n in counts:
+            fixed = replace(base, points=n, min_points=n)
+            passes += [(f"{n}", ShapeDataset(eval_size, fixed, GENERATED_TEST_SEED)),
+                       (f"{n} rotated", ShapeDataset(eval_size, replace(fixed, rotate=True, translate=0.5),
+                                                     GENERATED_TEST_SEED))]
+        return passes, "points per cloud (canonical pose, or rotated and shifted)", f"{base.points}"
+    if kind == "movingdot":
+        base = EventConfig(**{k: v for k, v in trained.items() if k in EventConfig.__dataclass_fields__})
+        speeds = [float(v) for v in sizes] if sizes else [0.5 * base.speed, base.speed, 2 * base.speed]
+        passes = [(f"speed {v:g}", MovingDotDataset(eval_size, replace(base, speed=v), GENERATED_TEST_SEED))
+                  for v in speeds]
+        passes.append((f"speed {base.speed:g}, half the events",
+                       MovingDotDataset(eval_size, replace(base, keep=base.keep / 2), GENERATED_TEST_SEED)))
+        return passes, "speed of the dot (and a half-rate stream)", f"speed {base.speed:g}"
+    if sizes:
+        raise ValueError(f"--sizes sweeps a generated task; {dataset} is scored on its files as they are")
+    args = config.get("model_args", {})
+    data = build_data(dataset, img_size=0, channels=args.get("in_chans", 3),
+                      num_points=int(config.get("pape_hub", {}).get("dataset", {}).get("num_points", 1024)))
+    which = split_to_score(split, data, dataset)
+    return [(which, data.test if which == "test" else data.val)], "split", which
+
+
+def evaluate_free_tokens(model: torch.nn.Module, config: dict[str, Any], checkpoint: str | Path, dataset: str,
+                         sizes: list[Any] | None, split: str | None, batch_size: int, eval_size: int,
+                         progress: bool) -> Evaluation:
+    """:func:`evaluate_checkpoint` of a point or event model (:func:`free_token_sweep`); no position interpolation
+    or patch shuffle (the tokens carry their own coordinates)."""
+    passes, unit, trained = free_token_sweep(config, dataset, sizes, split, eval_size)
+    rows = []
+    for size, ds in passes:
+        check_label_names(config, ds.classes if hasattr(ds, "classes") else ds.dataset.classes, dataset)
+        rows.append(_score(model, DataLoader(ds, batch_size=batch_size, collate_fn=pad_collate), size, None,
+                           progress))
+    generated = dataset in ("shapes3d", "movingdot")
+    return Evaluation(rows, checkpoint=str(checkpoint), architecture=config["architecture"],
+                      label=config.get("model_args", {}).get("position_encoding"), dataset=describe_spec(dataset),
+                      num_classes=model.num_classes, split="generated test seed" if generated else passes[0][0],
+                      sweep_unit=unit, trained_at=trained, commit=git_commit())
 
 
 def sweep_loaders(model: torch.nn.Module, config: dict[str, Any], dataset: str, sizes: list[int] | None,
@@ -276,15 +340,16 @@ def default_resolutions(native: int, patch: int) -> list[int]:
     return list(dict.fromkeys([native, round(1.5 * native / patch) * patch, 2 * native]))
 
 
-def _score(model: torch.nn.Module, loader: Iterable, size: Any, interp: bool, progress: bool,
+def _score(model: torch.nn.Module, loader: Iterable, size: Any, interp: bool | None, progress: bool,
            shuffled: bool = False) -> SweepRow:
-    """One pass of a sweep as a row (a progress bar over its batches and a line when done, if ``progress``)."""
+    """One pass of a sweep as a row (a progress bar over its batches and a line when done, if ``progress``);
+    ``interp`` None: the model's plain forward (a model without position interpolation, as point and event models)."""
     what = f"size {size}" + (" interp." if interp else "") + (" shuffled" if shuffled else "")
     started = time.time()
     metrics = evaluate_loader(model, loader, position_interpolation=interp, progress=what if progress else None)
     if progress:
         print(f"  {what}: top-1 {metrics['top1']:.4f} ({time.time() - started:.1f}s)", flush=True)
-    return SweepRow(size, interp, metrics["top1"], metrics["top5"], metrics["loss"], metrics["count"], shuffled)
+    return SweepRow(size, bool(interp), metrics["top1"], metrics["top5"], metrics["loss"], metrics["count"], shuffled)
 
 
 def _trained_size(config: dict[str, Any], dataset: str, native: int) -> int | str:

@@ -255,7 +255,7 @@ def test_every_train_flag_is_made_from_the_field_it_fills():
     import dataclasses
 
     from pape_hub.commands.train import add_arguments, config_from_args
-    from pape_hub.data import MotionConfig
+    from pape_hub.data import EventConfig, MotionConfig, ShapeConfig
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -264,7 +264,8 @@ def test_every_train_flag_is_made_from_the_field_it_fills():
         if f.metadata.get("flag") is False:
             continue
         assert f.name in actions and actions[f.name].help == f.metadata["help"] and f.metadata["help"], f.name
-    for prefix, config in (("arrow", ArrowConfig), ("motion", MotionConfig)):
+    for prefix, config in (("arrow", ArrowConfig), ("motion", MotionConfig), ("shapes", ShapeConfig),
+                           ("events", EventConfig)):
         for f in dataclasses.fields(config):
             assert actions[f"{prefix}_{f.name}"].default in (f.default, False), f.name
     assert asdict_without(config_from_args(parser.parse_args([]))) == asdict_without(TrainConfig())
@@ -276,7 +277,7 @@ def test_every_train_flag_is_made_from_the_field_it_fills():
         parser.parse_args(["--model-kwargs", "[1, 2]"])
 
 
-def asdict_without(cfg, names=("arrow", "motion")):
+def asdict_without(cfg, names=("arrow", "motion", "shapes", "events")):
     import dataclasses
 
     return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in names}

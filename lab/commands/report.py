@@ -371,6 +371,38 @@ def _ranking_verdict(stats: dict[str, dict[str, dict[str, float]]], orders: dict
     return "Ranking unchanged."
 
 
+def modalities_block(results: Path, name: str, command: str) -> str:
+    """A point-cloud or event comparison's table, then what its numbers say, computed: on the shapes, each encoding's
+    drop from the canonical pose to random poses at the training size and which stay within 0.02 of their canonical
+    score; on the moving dot, which encodings are above chance at the training speed and which hold 0.9 of it at
+    the other speeds."""
+    data = load_comparison(results, name)
+    table = comparison_block(results, name, command)
+    if data is None:
+        return table
+    stats, first = data.aggregate, data.sizes[0]
+    mean = {enc: {label: c["mean"] for label, c in cols.items()} for enc, cols in stats.items()}
+    if "rotated" in " ".join(map(str, data.sizes)):
+        canonical, turned = f"{data.unit} {first}", f"{data.unit} {first} rotated"
+        drops = sorted(((m[canonical] - m[turned], enc) for enc, m in mean.items()), reverse=True)
+        kept = [f"`{enc}`" for drop, enc in sorted(drops) if drop <= 0.02]
+        best = max(mean, key=lambda enc: mean[enc][turned])
+        verdict = (f"From the canonical pose to random poses at {first} points: " + ", ".join(
+            f"`{enc}` {mean[enc][canonical]:.3f} -> {mean[enc][turned]:.3f}" for _, enc in drops) + ". Within 0.02 "
+            f"of their canonical score: {', '.join(kept) or 'none'}. Best in random poses: `{best}` "
+            f"({mean[best][turned]:.3f}).")
+    else:
+        trained = f"{data.unit} {first}"
+        chance = 1 / (data.runs[0].num_classes or 4)
+        above = [enc for enc, m in mean.items() if m[trained] > chance + 0.1]
+        others = [f"{data.unit} {s}" for s in data.sizes[1:]]
+        held = [f"`{enc}`" for enc in above if all(mean[enc][o] >= 0.9 * mean[enc][trained] for o in others)]
+        verdict = (f"Above chance ({chance:.2f}) by more than 0.1 at the training speed: "
+                   f"{', '.join(f'`{e}`' for e in above) or 'none'}; of these, at least 0.9 of it at every other "
+                   f"speed and rate: {', '.join(held) or 'none'}.")
+    return table + "\n" + verdict + "\n"
+
+
 #: README block name -> (results kind it needs, generator). Kind None: generated from code, not results.
 BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "encodings": (None, encodings_block),
@@ -400,6 +432,10 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "video": ("compare", lambda r: comparison_block(r, "video_motion", "`python -m lab compare --dataset motion`")),
     "video_absolute_long": ("compare", lambda r: comparison_block(r, "video_motion_absolute_long",
                                                                   "APE and sin-cos, three times the schedule")),
+    "modalities_shapes3d": ("modalities", lambda r: modalities_block(
+        r, "modalities_shapes3d", "`python -m lab modalities --task shapes3d`")),
+    "modalities_movingdot": ("modalities", lambda r: modalities_block(
+        r, "modalities_movingdot", "`python -m lab modalities --task movingdot`")),
     "bench_b16_224": ("bench", lambda r: bench_block(r, "bench_vit_b16_224_cpu.json")),
     "bench_b16_448": ("bench", lambda r: bench_block(r, "bench_vit_b16_448_cpu.json")),
     "profile": ("profile", lambda r: profile_block(r, "profile_vit_b16_224_cpu.json")),

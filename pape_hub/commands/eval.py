@@ -71,9 +71,10 @@ def run(args: argparse.Namespace) -> int:
                                      clips=args.clips.split(",") if args.clips else None)
     output, plot = save_evaluation(result, checkpoint, args.output)
     top5 = (result.num_classes or 6) > 5  # with 5 classes or fewer, top-5 is 1 whatever the model does
-    print(f"{'size':>6} {'interp':>6} {'shuffle':>7} {'top-1':>7}" + (f" {'top-5':>7}" if top5 else ""))
+    wide = max([6, *(len(str(row.size)) for row in result.rows)])  # point and event sweeps name their passes
+    print(f"{'size':>{wide}} {'interp':>6} {'shuffle':>7} {'top-1':>7}" + (f" {'top-5':>7}" if top5 else ""))
     for row in result.rows:
-        print(f"{row.size:>6} {str(row.interpolation):>6} {str(row.patch_shuffle):>7} {row.top1:>7.4f}"
+        print(f"{row.size!s:>{wide}} {str(row.interpolation):>6} {str(row.patch_shuffle):>7} {row.top1:>7.4f}"
               + (f" {row.top5:>7.4f}" if top5 else ""))
     if (chance := result.at_chance()) is not None:
         row, (low, high) = chance

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..data import DIGITS_INPUT, ArrowConfig, MotionConfig
+from ..data import DIGITS_INPUT, ArrowConfig, EventConfig, MotionConfig, ShapeConfig
 from ..training import TrainConfig, train
 from . import add_config_arguments, config_values
 
@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, TrainConfig)
     add_config_arguments(parser, ArrowConfig, prefix="arrow")
     add_config_arguments(parser, MotionConfig, prefix="motion")
+    add_config_arguments(parser, ShapeConfig, prefix="shapes")
+    add_config_arguments(parser, EventConfig, prefix="events")
     parser.add_argument("--push-to-hub", default=None, metavar="ORG/NAME",
                         help="after training, evaluate the best checkpoint, write its model card and push it")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -39,7 +41,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         values.update({k: v for k, v in DIGITS_INPUT.items() if k != "model_kwargs" and values.get(k) is None})
         values["model_kwargs"] = {**DIGITS_INPUT["model_kwargs"], **values.get("model_kwargs", {})}
     return TrainConfig(**values, arrow=config_values(args, ArrowConfig, "arrow"),
-                       motion=config_values(args, MotionConfig, "motion"))
+                       motion=config_values(args, MotionConfig, "motion"),
+                       shapes=config_values(args, ShapeConfig, "shapes"),
+                       events=config_values(args, EventConfig, "events"))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,7 +2,9 @@
 
 Specs: ``arrows`` (generated, no download), ``digits`` (scikit-learn's bundled 8x8 handwritten digits, grey, no
 download), ``imagefolder:PATH``, ``hf:NAME`` (a Hugging Face dataset name or a ``save_to_disk`` folder),
-``cifar:PATH`` (the CIFAR-10/100 python pickles); video: ``motion`` (generated) and ``videofolder:PATH``.
+``cifar:PATH`` (the CIFAR-10/100 python pickles); video: ``motion`` (generated) and ``videofolder:PATH``; point
+clouds: ``shapes3d`` (generated) and ``modelnet:PATH``; event streams: ``movingdot`` (generated) and
+``eventfolder:PATH``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch.utils.data import Dataset, Subset
 
 from ..records import describe_spec
 from .arrows import DIRECTIONS, ArrowConfig, ArrowDataset, arrow_statistics, paper_setting
+from .event_streams import EventConfig, EventFileDataset, MovingDotDataset, load_event_folder
 from .images import (
     TransformedDataset,
     channel_statistics,
@@ -27,6 +30,7 @@ from .images import (
     stratified_split,
     subset,
 )
+from .point_clouds import PointFileDataset, ShapeConfig, ShapeDataset, load_modelnet
 from .tasks import GENERATED_TASKS, GeneratedTask, generated_task
 from .video import (
     MotionConfig,
@@ -38,14 +42,18 @@ from .video import (
 )
 
 __all__ = [
-    "ArrowConfig", "ArrowDataset", "DATASET_SPECS", "DIGITS_INPUT", "DIRECTIONS", "DataBundle", "GENERATED_TASKS",
-    "GENERATED_TEST_SEED", "GENERATED_VAL_SEED", "GeneratedTask", "MotionConfig", "MotionDataset",
-    "TransformedDataset", "VIDEO_SPECS", "VideoTransform", "arrow_statistics", "build_data", "channel_statistics",
-    "check_splits", "data_fingerprint", "describe_spec", "generated_task", "is_video_spec", "motion_statistics",
-    "paper_setting", "read_video", "split_members", "stratified_split",
+    "ArrowConfig", "ArrowDataset", "DATASET_SPECS", "DIGITS_INPUT", "DIRECTIONS", "DataBundle", "EventConfig",
+    "FREE_TOKEN_SPECS", "GENERATED_TASKS", "GENERATED_TEST_SEED", "GENERATED_VAL_SEED", "GeneratedTask",
+    "MotionConfig", "MotionDataset", "ShapeConfig", "TransformedDataset", "VIDEO_SPECS", "VideoTransform",
+    "arrow_statistics", "build_data", "channel_statistics", "check_splits", "data_fingerprint", "describe_spec",
+    "free_token_family", "generated_task", "is_video_spec", "motion_statistics", "paper_setting", "read_video",
+    "split_members", "stratified_split",
 ]
 
-DATASET_SPECS = "arrows | digits | imagefolder:PATH | hf:NAME | cifar:PATH | motion | videofolder:PATH"
+DATASET_SPECS = ("arrows | digits | imagefolder:PATH | hf:NAME | cifar:PATH | motion | videofolder:PATH | shapes3d | "
+                 "modelnet:PATH | movingdot | eventfolder:PATH")
+#: the datasets of tokens at free coordinates -> the model family that reads them
+FREE_TOKEN_SPECS = {"shapes3d": "pointvit", "modelnet": "pointvit", "movingdot": "eventvit", "eventfolder": "eventvit"}
 #: how digits are shown to a model here (the digits results): the 8x8 grey images at 16 px in 2-px patches,
 #: one channel, no augmentation (random crops, RandAugment and Mixup erase what an 8x8 digit holds)
 DIGITS_INPUT: dict[str, Any] = dict(img_size=16, aug="none", model_kwargs=dict(patch_size=2, in_chans=1))
@@ -54,6 +62,11 @@ VIDEO_SPECS = ("motion", "videofolder")
 
 def is_video_spec(spec: str) -> bool:
     return spec.partition(":")[0] in VIDEO_SPECS
+
+
+def free_token_family(spec: str) -> str | None:
+    """The model family (``pointvit`` / ``eventvit``) a dataset of tokens at free coordinates needs, else None."""
+    return FREE_TOKEN_SPECS.get(spec.partition(":")[0])
 
 GENERATED_VAL_SEED, GENERATED_TEST_SEED = 1_000_003, 2_000_003  # fixed, whatever the training seed
 
@@ -86,11 +99,18 @@ def build_data(spec: str, *, img_size: int, seed: int = 0, val_fraction: float =
                eval_size: int = 2000, arrow_config: ArrowConfig | None = None, train_transform: Any = None,
                eval_transform: Any = None, image_column: str = "image", label_column: str = "label",
                channels: int = 3, normalize: str | tuple[float, float] | None = "auto",
-               motion_config: MotionConfig | None = None, num_frames: int = 16) -> DataBundle:
+               motion_config: MotionConfig | None = None, num_frames: int = 16,
+               shapes_config: ShapeConfig | None = None, event_config: EventConfig | None = None,
+               num_points: int = 1024) -> DataBundle:
     """The train / validation / test splits of ``spec``. Images are read with ``channels`` (1 or 3) channels;
     ``normalize`` applies to the generated tasks only (their samples are tensors already; image and video datasets
-    normalise in their transforms). ``num_frames``: frames sampled from each clip of a video folder."""
+    normalise in their transforms). ``num_frames``: frames sampled from each clip of a video folder; ``num_points``:
+    points read per cloud of a ModelNet folder (``channels`` 3 or 6 there: xyz, or with the normals)."""
     kind, _, arg = spec.partition(":")
+    if kind in FREE_TOKEN_SPECS:
+        return free_token_splits(spec, seed=seed, val_fraction=val_fraction, train_size=train_size,
+                                 eval_size=eval_size, shapes_config=shapes_config, event_config=event_config,
+                                 num_points=num_points, channels=channels)
     task = generated_task(spec)
     if task is not None:  # samples are made from a seed: validation and test use fixed seeds of their own
         cfg = {"arrows": arrow_config, "motion": motion_config}[task.name] or task.setting()
@@ -120,6 +140,37 @@ def build_data(spec: str, *, img_size: int, seed: int = 0, val_fraction: float =
     else:
         raise ValueError(f"unknown dataset spec {spec!r}; use {DATASET_SPECS}")
     return _file_splits(spec, full, val, test, classes, val_fraction, train_transform, eval_transform, channels)
+
+
+def free_token_splits(spec: str, *, seed: int, val_fraction: float, train_size: int, eval_size: int,
+                      shapes_config: ShapeConfig | None, event_config: EventConfig | None, num_points: int,
+                      channels: int) -> DataBundle:
+    """The splits of a point-cloud or event dataset: a generated task's from seeds (validation and test from fixed
+    seeds of their own), or files' (a stratified validation cut where the folder has no validation split)."""
+    kind, _, arg = spec.partition(":")
+    if kind in ("shapes3d", "movingdot"):
+        make_set = (lambda n, s: ShapeDataset(n, shapes_config or ShapeConfig(), seed=s)) if kind == "shapes3d" \
+            else (lambda n, s: MovingDotDataset(n, event_config or EventConfig(), seed=s))
+        train = make_set(train_size, seed)
+        return DataBundle(train, make_set(eval_size, GENERATED_VAL_SEED), make_set(eval_size, GENERATED_TEST_SEED),
+                          train.classes, False, dict(spec=kind, train=train.describe(), val_seed=GENERATED_VAL_SEED,
+                                                     test_seed=GENERATED_TEST_SEED))
+    if not arg:
+        raise ValueError(f"dataset spec {spec!r} needs a path after the colon")
+    if kind == "modelnet":
+        full, test = load_modelnet(arg, num_points=num_points, channels=channels)
+        held_out = None
+    else:
+        full, held_out, test = load_event_folder(arg)
+    if held_out is None:
+        train_idx, val_idx = stratified_split(full.labels, val_fraction, seed=0)
+        train, val = Subset(full, train_idx), Subset(full, val_idx)
+        origin = f"a {val_fraction:g} cut of the training split"
+    else:
+        train, val, origin = full, held_out, "its own validation split"
+    return DataBundle(train, val, test, full.classes, False,
+                      dict(spec=describe_spec(spec), train=len(train), val=len(val), test=len(test) if test else 0,
+                           val_from=origin, **({"num_points": num_points} if kind == "modelnet" else {})))
 
 
 def _no_validation(splits: tuple[Any, Any, list[str]]) -> tuple[Any, None, Any, list[str]]:
@@ -156,6 +207,9 @@ def split_members(split: Dataset | None) -> list[str]:
     if split is None:
         return []
     base, indices = (split.dataset, list(split.indices)) if isinstance(split, Subset) else (split, None)
+    if isinstance(base, (PointFileDataset, EventFileDataset)):  # point and event files
+        picked = range(len(base)) if indices is None else indices
+        return [f"{'/'.join(Path(base.files[i]).parts[-2:])}\t{base.labels[i]}" for i in picked]
     if not isinstance(base, TransformedDataset):
         return []
     indices = range(len(base)) if indices is None else indices

@@ -52,6 +52,7 @@ class LearnedAbsolute(PositionEncoding):
 
     mechanisms = ("tokens",)
     supported_ndims = (2, 3)
+    grid_cells = True
     paper = "ViT (Dosovitskiy et al. 2020)"
 
     def __init__(self, ctx: EncodingContext, init_std: float = 0.02, prefix_slots: bool = True) -> None:

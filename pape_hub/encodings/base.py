@@ -258,6 +258,9 @@ class PositionEncoding(nn.Module):
     supported_ndims: ClassVar[tuple[int, ...]] = (1, 2, 3)
     #: True when attention never needs an N x N tensor (fused SDPA with no attn_mask)
     fused: ClassVar[bool] = True
+    #: True when positions must be whole cells of a grid (a learned table, counts along rows and columns): tokens at
+    #: free coordinates (point clouds, events in continuous time) are refused
+    grid_cells: ClassVar[bool] = False
     paper: ClassVar[str] = ""
 
     def __init__(self, ctx: EncodingContext) -> None:

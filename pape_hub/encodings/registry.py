@@ -11,7 +11,7 @@ from typing import Any
 
 from .base import EncodingContext, PositionEncoding
 
-__all__ = ["create_encoding", "encoding_class", "list_encodings", "register_encoding"]
+__all__ = ["create_encoding", "encoding_class", "free_coordinates_problem", "list_encodings", "register_encoding"]
 
 _REGISTRY: dict[str, tuple[type[PositionEncoding], dict[str, Any]]] = {}
 
@@ -37,6 +37,19 @@ def encoding_class(name: str) -> tuple[type[PositionEncoding], dict[str, Any]]:
     if name not in _REGISTRY:
         raise ValueError(f"unknown position encoding {name!r}; valid names: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]
+
+
+def free_coordinates_problem(name: str, ndim: int) -> str | None:
+    """Why encoding ``name`` cannot position tokens at free ``ndim``-D coordinates (point clouds, events), or None
+    when it can: it is defined for other dimensions only, or it needs whole grid cells (a learned table of cells,
+    counts along rows, or the learned table a ``*_ape`` variant adds)."""
+    cls, defaults = encoding_class(name)
+    if ndim not in cls.supported_ndims:
+        return f"it is defined for {', '.join(f'{d}-D' for d in cls.supported_ndims)} positions only"
+    if cls.grid_cells or defaults.get("with_ape"):
+        return ("it reads a learned table of grid cells (or counts tokens along a grid's rows), and free "
+                "coordinates have no cells")
+    return None
 
 
 def create_encoding(name: str, ctx: EncodingContext, **kwargs: Any) -> PositionEncoding:

@@ -157,6 +157,7 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
     mechanisms = ("bias",)
     fused = False
     supported_ndims = (2, 3)
+    grid_cells = True
     paper = "SaPE^2 (2025), key mode"
 
     def __init__(self, ctx: EncodingContext, mode: str = "key", num_positions: int | None = None,

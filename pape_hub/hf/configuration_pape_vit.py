@@ -189,6 +189,9 @@ CONFIG_BOUNDS: dict[str, tuple[int, int]] = {
     "image_size": (1, 16384), "patch_size": (1, 16384), "num_channels": (1, 64), "in_chans": (1, 64),
     "num_register_tokens": (0, 1024), "reg_tokens": (0, 1024), "representation_size": (1, 65536),
     "num_frames": (1, 4096), "num_labels": (0, 131072), "num_classes": (0, 131072), "img_size": (1, 16384),
+    # the point and event stems'
+    "num_groups": (1, 65536), "group_size": (1, 4096), "group_hidden_dim": (1, 16384), "max_tokens": (1, 1 << 20),
+    "threshold": (1, 1 << 30), "event_patch_size": (1, 4096), "sensor_size": (1, 65536),
 }
 MAX_TOKENS = 2**22  # patch (tubelet) tokens of the nominal input: a 2048^2 grid
 

@@ -9,20 +9,33 @@ import timm
 from transformers import BitImageProcessor, Siglip2ImageProcessor
 
 from ..folder import PIL_RESAMPLE, DataConfig
+from ..models.free_tokens import FreeTokenTransformer
+from ..models.pointvit import PointVisionTransformer
 from ..models.vit import VisionTransformer
+from .configuration_pape_free_tokens import PapeEventViTConfig, PapeFreeTokenConfig, PapePointViTConfig
 from .configuration_pape_vit import PapeViTConfig
 from .configuration_pape_vivit import PapeViViTConfig
+from .modeling_pape_free_tokens import (
+    PapeEventViTForClassification,
+    PapeEventViTModel,
+    PapePointViTForClassification,
+    PapePointViTModel,
+)
 from .modeling_pape_vit import PapeViTForImageClassification, PapeViTModel, data_config_of, image_processor_of
 from .modeling_pape_vivit import PapeViViTForVideoClassification, PapeViViTModel, video_processor_of
 from .video_processing_pape_vivit import PapeViViTVideoProcessor
 
-__all__ = ["config_from_timm", "image_processor_for", "native_processor_for", "processor_for", "timm_to_transformers",
-           "transformers_class", "transformers_to_timm", "video_processor_for"]
+__all__ = [
+    "config_from_timm", "free_token_config", "image_processor_for", "native_processor_for", "processor_for",
+    "timm_to_transformers", "transformers_class", "transformers_to_timm", "video_processor_for",
+]
 
 
 def config_from_timm(model: VisionTransformer, label_names: list[str] | None = None,
                      image_mean: Any = None, image_std: Any = None) -> PapeViTConfig:
     """The transformers configuration of a pape_hub timm model (its recorded constructor arguments)."""
+    if isinstance(model, FreeTokenTransformer):
+        return free_token_config(model, label_names)
     args = dict(getattr(model, "_model_args", {}))
     cfg = getattr(model, "pretrained_cfg", {}) or {}
     architecture = cfg.get("architecture")
@@ -44,8 +57,23 @@ def config_from_timm(model: VisionTransformer, label_names: list[str] | None = N
     )
 
 
+def free_token_config(model: FreeTokenTransformer, label_names: list[str] | None = None) -> PapeFreeTokenConfig:
+    """The transformers configuration of a point or event model (the constructor arguments it records)."""
+    from ..checkpoint import free_token_architecture
+
+    labels = label_names or [f"LABEL_{i}" for i in range(model.num_classes)]
+    config_class = PapePointViTConfig if isinstance(model, PointVisionTransformer) else PapeEventViTConfig
+    return config_class.from_core_kwargs(
+        model.model_args, timm_architecture=free_token_architecture(model), id2label=dict(enumerate(labels)),
+        label2id={name: i for i, name in enumerate(labels)})
+
+
 def transformers_class(config: PapeViTConfig, head: bool) -> type:
     """The transformers model class of a configuration: with the classification head, or the backbone."""
+    if isinstance(config, PapePointViTConfig):
+        return PapePointViTForClassification if head else PapePointViTModel
+    if isinstance(config, PapeEventViTConfig):
+        return PapeEventViTForClassification if head else PapeEventViTModel
     if config.is_video:
         return PapeViViTForVideoClassification if head else PapeViViTModel
     return PapeViTForImageClassification if head else PapeViTModel

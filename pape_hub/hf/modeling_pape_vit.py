@@ -32,6 +32,7 @@ from ..folder import (
     write_manifest,
 )
 from ..layers.attention import PositionalBlock
+from ..models.free_tokens import FreeTokenTransformer
 from ..models.native import NaFlexInput, naflex_input
 from ..models.vit import VisionTransformer, init_module
 from ..models.weights import check_finite_weights
@@ -165,13 +166,14 @@ class PapeViTPreTrainedModel(PreTrainedModel):
         config = json.loads(path.read_text())
         config.update(folder_fields(self.auto_map, self.config, self.vit))
         path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        processor = self._processor()
-        processor.save_pretrained(directory)
+        processor = self._processor()  # None for points and events, which need none
+        if processor is not None:
+            processor.save_pretrained(directory)
         weights = [p.name for p in weight_files(directory)] + ([WEIGHTS_INDEX] if (directory / WEIGHTS_INDEX).exists()
                                                                 and not (directory / WEIGHTS).exists() else [])
         earlier = {name for name in (read_manifest(directory) or set()) if (directory / name).is_file()}
-        processor_file = VIDEO_PROCESSOR if self.config.is_video else IMAGE_PROCESSOR
-        write_manifest(directory, earlier | {CONFIG, processor_file, *code, *weights})
+        processor_file = [] if processor is None else [VIDEO_PROCESSOR if self.config.is_video else IMAGE_PROCESSOR]
+        write_manifest(directory, earlier | {CONFIG, *processor_file, *code, *weights})
 
     def _processor(self) -> Any:
         return image_processor_of(self.config)
@@ -184,7 +186,7 @@ def folder_fields(auto_map: dict[str, str], config: PapeViTConfig, vit: VisionTr
     for auto, target in auto_map.items():  # AutoVideoProcessor -> video_processor_type
         if auto.endswith("Processor"):
             fields[f"{auto[4:-9].lower()}_processor_type"] = target.split(".")[-1]
-    if not config.is_video:
+    if not config.is_video and not isinstance(vit, FreeTokenTransformer):  # points and events have no processor
         fields["image_processor_type"] = IMAGE_PROCESSOR_TYPE
     return {**fields, **timm_fields(config, vit)}
 
@@ -216,8 +218,10 @@ def timm_fields(config: PapeViTConfig, vit: VisionTransformer) -> dict[str, Any]
     """What timm's Hub loader reads from config.json: architecture, model_args, pretrained_cfg, labels."""
     num_classes = vit.num_classes
     args = config.core_kwargs(num_classes)
-    args["img_size"] = list(vit.patch_embed.img_size)
     architecture = config.timm_name()
+    if isinstance(vit, FreeTokenTransformer):
+        return free_token_timm_fields(config, vit, args)
+    args["img_size"] = list(vit.patch_embed.img_size)
     if config.is_video:
         args["num_frames"] = vit.patch_embed.num_frames
     pretrained_cfg = dict(
@@ -227,6 +231,24 @@ def timm_fields(config: PapeViTConfig, vit: VisionTransformer) -> dict[str, Any]
     fields = dict(architecture=architecture, model_args=args, num_classes=num_classes, pretrained_cfg=pretrained_cfg,
                   num_features=vit.num_features, global_pool=vit.global_pool)
     labels = {int(k): v for k, v in (config.id2label or {}).items()}  # keys may be "0" (transformers' examples)
+    if num_classes and sorted(labels) == list(range(num_classes)):
+        fields["label_names"] = [labels[i] for i in range(num_classes)]
+    return fields
+
+
+def free_token_timm_fields(config: PapeViTConfig, vit: FreeTokenTransformer, args: dict[str, Any]
+                           ) -> dict[str, Any]:
+    """timm's fields of a point or event model: no pixel statistics, no input size beyond the registered one."""
+    from timm.models import get_pretrained_cfg
+
+    architecture, num_classes = config.timm_name(), vit.num_classes
+    registered = get_pretrained_cfg(architecture)
+    cfg = registered.to_dict() if registered else {}
+    pretrained_cfg = dict(architecture=architecture, num_classes=num_classes, classifier="head",
+                          fixed_input_size=False, **{k: cfg[k] for k in ("input_size", "first_conv") if k in cfg})
+    fields = dict(architecture=architecture, model_args=args, num_classes=num_classes, pretrained_cfg=pretrained_cfg,
+                  num_features=vit.num_features, global_pool=vit.global_pool)
+    labels = {int(k): v for k, v in (config.id2label or {}).items()}
     if num_classes and sorted(labels) == list(range(num_classes)):
         fields["label_names"] = [labels[i] for i in range(num_classes)]
     return fields

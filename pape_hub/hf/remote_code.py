@@ -17,7 +17,8 @@ __all__ = ["ENTRY_MODULES", "record_auto_map", "write_remote_code"]
 
 #: the files transformers is pointed at (``auto_map``), by their package module names; they keep their short names
 ENTRY_MODULES = ("configuration_pape_vit", "modeling_pape_vit", "image_processing_pape_vit",
-                 "configuration_pape_vivit", "modeling_pape_vivit", "video_processing_pape_vivit")
+                 "configuration_pape_vivit", "modeling_pape_vivit", "video_processing_pape_vivit",
+                 "configuration_pape_free_tokens", "modeling_pape_free_tokens")
 _RELATIVE = re.compile(r"^(\s*)from (\.+)([\w.]*) import ", flags=re.MULTILINE)
 
 

@@ -272,13 +272,17 @@ class VisionTransformer(nn.Module):
             x = self.prepare_input(x)
             pos = input_positions(x, self.input_spec(position_interpolation))  # validates the input first
             tokens = self.patch_embed(x).flatten(1, -2)  # (B, *grid, D) -> (B, N, D), row-major
+        return self.with_prefix_and_positions(tokens, pos), pos
+
+    def with_prefix_and_positions(self, tokens: torch.Tensor, pos: TokenPositions) -> torch.Tensor:
+        """Patch tokens (B, N, D) -> (B, P+N, D): CLS and registers first, absolute encodings added, dropout."""
         prefix = [t.expand(tokens.shape[0], -1, -1).to(tokens.dtype) for t in (self.cls_token, self.reg_token)
                   if t is not None]
         if prefix:  # (B, P + N, D): CLS, registers, patches
             tokens = torch.cat([*prefix, tokens], dim=1)
         if "tokens" in self.pos_encoding.mechanisms:
             tokens = encoding_add_to_tokens(self.pos_encoding, tokens, pos)
-        return self.pos_drop(tokens), pos
+        return self.pos_drop(tokens)
 
     def embed_tokens(self, tokens_in: NaFlexInput, position_interpolation: bool | None = None
                      ) -> tuple[torch.Tensor, TokenPositions]:

@@ -24,12 +24,18 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
 
 from ..encodings import encoding_class, list_encodings
+from ..encodings.registry import free_coordinates_problem
+from .eventvit import EventVisionTransformer
+from .pointvit import PointVisionTransformer
 from .pretrained import SOURCES, checkpoint_filter_fn, source_cfg
 from .vit import VisionTransformer
 from .vivit import VideoVisionTransformer
 
-__all__ = ["MODEL_SIZES", "PATCH_SETTINGS", "PUBLISHED_WEIGHTS", "SOURCE_CONFIG_CHECKS", "VIDEO_SETTINGS",
-           "list_pape_models", "list_pretrained", "model_args_for", "register_published_weights"]
+__all__ = [
+    "EVENT_SETTINGS", "FREE_TOKEN_FAMILIES", "MODEL_SIZES", "PATCH_SETTINGS", "POINT_SETTINGS", "PUBLISHED_WEIGHTS",
+    "SOURCE_CONFIG_CHECKS", "VIDEO_SETTINGS", "list_pape_models", "list_pretrained", "model_args_for",
+    "register_published_weights",
+]
 
 #: Weights of this package's own training published on the Hugging Face Hub: model name -> repo id (none yet). Public
 #: checkpoints of other ViTs are tagged entries (``vit_b16_rope_mixed.naver_in1k``, :mod:`.pretrained`). A name
@@ -59,18 +65,40 @@ VIDEO_SETTINGS: dict[int, dict[str, Any]] = {
     16: dict(img_size=224, num_frames=16, tubelet_frames=2, sizes="tsb", num_classes=400, mean=IMAGENET_DEFAULT_MEAN,
              std=IMAGENET_DEFAULT_STD),
 }
-FAMILIES = {"vit": (VisionTransformer, PATCH_SETTINGS), "vivit": (VideoVisionTransformer, VIDEO_SETTINGS)}
+#: tokens at free 3-D coordinates (no patch setting: the key is ""): point clouds as ModelNet40 (1,024 points, 64 groups
+#: of 32) and event streams as DVS Gesture (a 128 x 128 sensor, time in microseconds, 11 classes). timm's cfg keeps an
+#: input_size of three numbers, (values per element, 1, typical elements), whose first is the model's in_chans
+POINT_SETTINGS: dict[str, dict[str, Any]] = {
+    "": dict(sizes="tsm", num_classes=40, input_size=(3, 1, 1024), first_conv="patch_embed.local.0",
+             model_args=dict(num_groups=64, group_size=32)),
+}
+EVENT_SETTINGS: dict[str, dict[str, Any]] = {
+    "": dict(sizes="tsm", num_classes=11, input_size=(4, 1, 65536), first_conv="patch_embed.proj",
+             model_args=dict(sensor_size=(128, 128), event_patch_size=8, threshold=64, time_scale=20_000.0,
+                             max_tokens=1024, nominal_duration=1_000_000.0)),
+}
+FAMILIES = {"vit": (VisionTransformer, PATCH_SETTINGS), "vivit": (VideoVisionTransformer, VIDEO_SETTINGS),
+            "pointvit": (PointVisionTransformer, POINT_SETTINGS), "eventvit": (EventVisionTransformer, EVENT_SETTINGS)}
+FREE_TOKEN_FAMILIES = ("pointvit", "eventvit")
+FAMILY_TITLES = {"vit": "ViT", "vivit": "ViViT", "pointvit": "Point ViT", "eventvit": "Event ViT"}
 SIZE_NAMES = {"m": "micro (width 96, depth 4)"}
 
 
-def _names() -> dict[str, tuple[str, str, int, str]]:
+def _family_takes(family: str, enc: str) -> bool:
+    """Whether ``family`` has a model with encoding ``enc``: defined for its dimensions, and for the free-token
+    families able to take free coordinates."""
+    if family in FREE_TOKEN_FAMILIES:
+        return free_coordinates_problem(enc, 3) is None
+    return (3 if family == "vivit" else 2) in encoding_class(enc)[0].supported_ndims
+
+
+def _names() -> dict[str, tuple[str, str, int | str, str]]:
     names = {}
     for family, (_, settings) in FAMILIES.items():
-        ndim = 3 if family == "vivit" else 2
         for patch, setting in settings.items():
             for size in setting["sizes"]:
                 for enc in list_encodings():
-                    if ndim in encoding_class(enc)[0].supported_ndims:
+                    if _family_takes(family, enc):
                         names[f"{family}_{size}{patch}_{enc}"] = (family, size, patch, enc)
     return names
 
@@ -79,7 +107,8 @@ _MODELS = _names()
 
 
 def list_pape_models(family: str | None = None) -> list[str]:
-    """Every model name this package registers in timm (``family``: ``"vit"`` or ``"vivit"`` only)."""
+    """Every model name this package registers in timm (``family``: ``"vit"``, ``"vivit"``, ``"pointvit"`` or
+    ``"eventvit"`` only)."""
     return [name for name, entry in _MODELS.items() if family in (None, entry[0])]
 
 
@@ -110,8 +139,11 @@ def model_args_for(name: str) -> dict[str, Any]:
         raise ValueError(f"unknown pape_hub model {name!r}; {suggest_model(name)}")
     family, size, patch, enc = _MODELS[name]
     setting = FAMILIES[family][1][patch]
-    args = dict(img_size=setting["img_size"], num_classes=setting["num_classes"], position_encoding=enc,
-                **MODEL_SIZES[size], **setting.get("model_args", {}))
+    args = dict(num_classes=setting["num_classes"], position_encoding=enc, **MODEL_SIZES[size],
+                **setting.get("model_args", {}))
+    if family in FREE_TOKEN_FAMILIES:
+        return args
+    args["img_size"] = setting["img_size"]
     if family == "vivit":
         args.update(num_frames=setting["num_frames"], tubelet_size=(setting["tubelet_frames"], patch, patch))
     else:
@@ -123,12 +155,16 @@ def _cfg(name: str) -> dict[str, Any]:
     family, size, patch, enc = _MODELS[name]
     setting = FAMILIES[family][1][patch]
     weights = {"hf_hub_id": PUBLISHED_WEIGHTS[name]} if name in PUBLISHED_WEIGHTS else {}
+    if family in FREE_TOKEN_FAMILIES:  # no pixel statistics, no crop
+        return dict(**weights, num_classes=setting["num_classes"], input_size=setting["input_size"], pool_size=None,
+                    fixed_input_size=False, first_conv=setting["first_conv"], classifier="head", license="apache-2.0",
+                    notes=(f"{FAMILY_TITLES[family]}-{SIZE_NAMES.get(size, size.upper())}, {enc} position encoding",))
     return dict(
         **weights, num_classes=setting["num_classes"],
         input_size=(3, setting["img_size"], setting["img_size"]), pool_size=None, crop_pct=setting.get("crop_pct", 0.9),
         interpolation="bicubic", fixed_input_size=False, mean=setting["mean"], std=setting["std"],
         first_conv="patch_embed.proj", classifier="head", license="apache-2.0",
-        notes=(f"{'ViViT' if family == 'vivit' else 'ViT'}-{SIZE_NAMES.get(size, size.upper())}/{patch}"
+        notes=(f"{FAMILY_TITLES[family]}-{SIZE_NAMES.get(size, size.upper())}/{patch}"
                + (f", {setting['num_frames']} frames, tubelets of {setting['tubelet_frames']}" if family == "vivit"
                   else "") + f", {enc} position encoding",),
     )

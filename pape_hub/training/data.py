@@ -15,14 +15,18 @@ from torchvision import transforms
 from ..data import (
     ArrowConfig,
     DataBundle,
+    EventConfig,
     MotionConfig,
+    ShapeConfig,
     VideoTransform,
     build_data,
     channel_statistics,
     check_splits,
+    free_token_family,
     generated_task,
     is_video_spec,
 )
+from ..data.point_clouds import pad_collate
 from ..models import model_args_for
 from .native import NativeInput, check_native_settings, native_loaders
 from .settings import TrainConfig
@@ -110,9 +114,9 @@ class TrainingData:
     train_loader: Any  # a DataLoader, or NaFlexBatches at native resolution (on the device already)
     val_loader: Any
     test_loader: Any
-    img_size: int
+    img_size: int | None  # None for point clouds and event streams
     num_frames: int | None  # frames per clip (video), else None
-    data_config: dict[str, Any]  # input_size, mean and std, as the checkpoints record them
+    data_config: dict[str, Any]  # input_size, mean and std, as the checkpoints record them (points, events: {})
 
 
 def prepare_data(cfg: TrainConfig, process: tuple[torch.device, int, int] | None = None) -> TrainingData:
@@ -120,6 +124,9 @@ def prepare_data(cfg: TrainConfig, process: tuple[torch.device, int, int] | None
     splits), transformed and normalised, checked to be readable, and their loaders. ``process``: (device, rank,
     number of processes), which native-resolution batches need (they are this process's share on its device)."""
     arrow_cfg, motion_cfg = ArrowConfig(**cfg.arrow), MotionConfig(**cfg.motion)  # checked whatever the dataset
+    shapes_cfg, events_cfg = ShapeConfig(**cfg.shapes), EventConfig(**cfg.events)
+    if free_token_family(cfg.dataset) is not None:
+        return free_token_data(cfg, shapes_cfg, events_cfg)
     setting = task_setting(cfg)
     img_size, num_frames, video = input_spec(cfg, setting)
     check_native_input(cfg, setting, video)
@@ -173,6 +180,37 @@ def prepare_data(cfg: TrainConfig, process: tuple[torch.device, int, int] | None
     test_loader = DataLoader(data.test, batch_size=cfg.batch_size, num_workers=cfg.num_workers) \
         if data.test is not None else None
     return TrainingData(data, train_loader, val_loader, test_loader, img_size, num_frames, data_config)
+
+
+def free_token_data(cfg: TrainConfig, shapes: ShapeConfig, events: EventConfig) -> TrainingData:
+    """The splits and loaders of point clouds or event streams (``shapes3d``, ``modelnet:PATH``, ``movingdot``,
+    ``eventfolder:PATH``): samples of different lengths batched with a validity mask (:func:`pad_collate`)."""
+    family = free_token_family(cfg.dataset)
+    what = "point clouds" if family == "pointvit" else "event streams"
+    if not cfg.model.startswith(f"{family}_"):
+        raise ValueError(f"{cfg.dataset!r} holds {what}: train a {family}_* model (e.g. {family}_m_pape; every name: "
+                         f"pape_hub.list_pape_models({family!r})), got {cfg.model!r}")
+    for name, value, default in (("native_resolution", cfg.native_resolution, False), ("img_size", cfg.img_size, None),
+                                 ("num_frames", cfg.num_frames, None)):
+        if value != default:
+            raise ValueError(f"--{name.replace('_', '-')} is about images or clips; {what} take none")
+    channels = {**model_args_for(cfg.model), **cfg.model_kwargs}.get("in_chans", 3 if family == "pointvit" else 4)
+    data = build_data(cfg.dataset, img_size=0, seed=cfg.seed, val_fraction=cfg.val_fraction,
+                      train_size=cfg.train_size, eval_size=cfg.eval_size, shapes_config=shapes,
+                      event_config=events, num_points=cfg.num_points, channels=channels)
+    for split in (data.val, data.test, data.train):  # a broken file is named now, not after an epoch
+        if split is not None and len(split):
+            split[0]
+    if len(data.val) == 0:
+        raise ValueError(f"the validation split of {cfg.dataset} is empty: add samples, or a validation/ folder")
+    generator = torch.Generator().manual_seed(cfg.seed)
+    drop_last = len(data.train) % cfg.batch_size <= 0.1 * len(data.train)
+    loader = partial(DataLoader, batch_size=cfg.batch_size, num_workers=cfg.num_workers, collate_fn=pad_collate)
+    train_loader = loader(data.train, shuffle=True, drop_last=drop_last, generator=generator)
+    if len(train_loader) == 0:
+        raise ValueError(f"the training split has {len(data.train)} samples, fewer than one batch of {cfg.batch_size}")
+    test_loader = loader(data.test) if data.test is not None else None
+    return TrainingData(data, train_loader, loader(data.val), test_loader, None, None, {})
 
 
 def check_native_input(cfg: TrainConfig, setting: Any, video: bool) -> None:

@@ -61,9 +61,13 @@ def train(cfg: TrainConfig, on_epoch: Callable[[dict[str, Any]], None] | None = 
                                                                         ("validation", run.data.val),
                                                                         ("test", run.data.test)) if split is not None)
         parameters = sum(p.numel() for p in accelerator.unwrap_model(run.model).parameters())
-        channels, height, width = run.data_config["input_size"]
-        size = "at native resolution" if cfg.native_resolution else \
-            f"at {height}x{width} px{'' if cfg.img_size else ' (the model input size; --img-size changes it)'}"
+        if "input_size" not in run.data_config:  # point clouds and event streams: no pixels
+            size = "of any length (padded per batch)"
+        elif cfg.native_resolution:
+            size = "at native resolution"
+        else:
+            _, height, width = run.data_config["input_size"]
+            size = f"at {height}x{width} px{'' if cfg.img_size else ' (the model input size; --img-size changes it)'}"
         print(f"  {parameters / 1e6:.2f}M parameters; {sizes} samples {size}; {run.steps_per_epoch} steps of "
               f"{cfg.batch_size * cfg.grad_accum} per epoch", flush=True)
         if note := schedule_note(cfg, len(run.data.train), run.steps_per_epoch):
@@ -160,10 +164,14 @@ def build_run(cfg: TrainConfig, accelerator: Accelerator) -> Run:
                steps_per_epoch, prepared.data_config, facts)
 
 
-def build_model(cfg: TrainConfig, num_classes: int, img_size: int, num_frames: int | None = None) -> torch.nn.Module:
-    """The model, initialised as the recipe states (its model arguments, e.g. dropout, unless given explicitly)."""
+def build_model(cfg: TrainConfig, num_classes: int, img_size: int | None, num_frames: int | None = None
+                ) -> torch.nn.Module:
+    """The model, initialised as the recipe states (its model arguments, e.g. dropout, unless given explicitly);
+    ``img_size`` None for point and event models."""
     recipe = get_recipe(cfg.recipe)
-    kwargs = dict(num_classes=num_classes, img_size=img_size, drop_path_rate=cfg.drop_path, **recipe.model_kwargs)
+    kwargs = dict(num_classes=num_classes, drop_path_rate=cfg.drop_path, **recipe.model_kwargs)
+    if img_size is not None:
+        kwargs["img_size"] = img_size
     if num_frames is not None:
         kwargs["num_frames"] = num_frames
     kwargs.update(cfg.model_kwargs)

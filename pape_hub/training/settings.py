@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..data import DATASET_SPECS, generated_task
+from ..data import DATASET_SPECS, free_token_family, generated_task
 from ..recipes import AUGMENTATION_PRESETS, RECIPE_SETTINGS, RECIPES, get_recipe, resolve, setting_help
 from ..settings import setting
 
@@ -16,7 +16,8 @@ __all__ = ["RANGES", "RESUME_HPARAMS", "TrainConfig", "comparable", "recipe_summ
 RESUME_HPARAMS = ("recipe", "lr", "min_lr", "batch_size", "weight_decay", "warmup_epochs", "grad_accum", "clip_grad",
                   "label_smoothing", "drop_path", "aug", "crop_scale", "crop_padding", "hflip", "color_jitter",
                   "randaugment", "mixup", "cutmix", "normalize", "train_size", "val_fraction", "arrow", "motion",
-                  "num_frames", "seed", "img_size", "native_resolution", "seq_lens")
+                  "shapes", "events", "num_points", "num_frames", "seed", "img_size", "native_resolution",
+                  "seq_lens")
 
 
 #: numeric settings and their allowed range, checked by name (all must also be finite)
@@ -105,6 +106,9 @@ class TrainConfig:
     eval_size: int = setting(2000, "generated tasks: validation and test samples")
     arrow: dict[str, Any] = setting(help="ArrowConfig fields (flags --arrow-*)", default_factory=dict, flag=False)
     motion: dict[str, Any] = setting(help="MotionConfig fields (flags --motion-*)", default_factory=dict, flag=False)
+    shapes: dict[str, Any] = setting(help="ShapeConfig fields (flags --shapes-*)", default_factory=dict, flag=False)
+    events: dict[str, Any] = setting(help="EventConfig fields (flags --events-*)", default_factory=dict, flag=False)
+    num_points: int = setting(1024, "point-cloud files (modelnet:PATH): points read per cloud")
     num_frames: int | None = setting(None, "video folders: frames sampled per clip (default: the model's)")
     log_with: str | None = setting(None, "accelerate tracker: tensorboard, wandb, ...")
     flush_denormals: bool = setting(True, "on CPU, flush subnormal floats to zero (PaPE trains ~3x faster); "
@@ -127,7 +131,7 @@ class TrainConfig:
         for name in RECIPE_SETTINGS:  # after the finiteness check: a value computed from lr is not blamed on lr
             if getattr(self, name) is None:
                 setattr(self, name, resolve(recipe.settings[name], self))
-        for name in ("epochs", "batch_size", "grad_accum", "train_size", "eval_size"):
+        for name in ("epochs", "batch_size", "grad_accum", "train_size", "eval_size", "num_points"):
             if getattr(self, name) < 1:
                 bad(name, "must be at least 1")
         if self.stop_after_epoch is not None and self.stop_after_epoch < 1:
@@ -182,11 +186,13 @@ def comparable(value: Any) -> Any:
 def recipe_summary(cfg: TrainConfig) -> dict[str, Any]:
     """The training recipe as the model card reports it: the recipe's name, source and rules, then the values."""
     aug = cfg.augmentation()
+    generated = generated_task(cfg.dataset) is not None or cfg.dataset in ("shapes3d", "movingdot")
+    plain = generated or free_token_family(cfg.dataset) is not None  # no image augmentation
     return dict(**get_recipe(cfg.recipe).summary(), lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay,
                 batch_size=cfg.batch_size * cfg.grad_accum, epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
                 label_smoothing=cfg.label_smoothing, drop_path=cfg.drop_path, clip_grad=cfg.clip_grad,
-                augmentation=cfg.aug if not generated_task(cfg.dataset) else "none (generated task)",
-                **({k: comparable(v) for k, v in aug.items()} if not generated_task(cfg.dataset) else {}),
-                normalize=cfg.normalize, train_size=cfg.train_size if generated_task(cfg.dataset) else None,
+                augmentation=cfg.aug if not plain else "none (generated task)" if generated else "none",
+                **({k: comparable(v) for k, v in aug.items()} if not plain else {}),
+                normalize=cfg.normalize, train_size=cfg.train_size if generated else None,
                 mixed_precision=cfg.mixed_precision, seed=cfg.seed,
                 **(dict(native_resolution=True, seq_lens=comparable(cfg.seq_lens)) if cfg.native_resolution else {}))
