@@ -25,14 +25,19 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
+from pape_hub.evaluation import BOOTSTRAP_RESAMPLES, bootstrap_interval
 from pape_hub.progress import Progress
 from pape_hub.records import Comparison, Evaluation
 
-__all__ = ["DEFAULT_ENCODINGS", "add_comparison_arguments", "aggregate", "bootstrap_interval", "columns",
-           "compare_encodings", "make_job", "parse_encodings", "plot_results", "run_comparison", "run_jobs",
-           "small_vit", "summary_table", "train_and_evaluate", "write_results"]
+__all__ = [
+    "BOOTSTRAP_RESAMPLES", "DEFAULT_ENCODINGS", "add_comparison_arguments", "aggregate", "bootstrap_interval",
+    "columns", "compare_encodings", "make_job", "parse_encodings", "plot_results", "run_comparison", "run_jobs",
+    "small_vit", "summary_table", "train_and_evaluate", "write_results",
+]
 
 #: the encodings a comparison trains unless told otherwise (the main job's: one of each family the papers compare)
+#: what a comparison plot's bars are, in its title
+INTERVAL_WORDS = "mean and 95% bootstrap interval over seeds"
 DEFAULT_ENCODINGS = ("ape", "rope_mixed", "pape", "pape_ri", "liere8", "alibi")
 
 
@@ -91,7 +96,7 @@ def compare_encodings(args: argparse.Namespace, kind: str, train: dict[str, Any]
     # the behaviour probes (seconds) only where a results file will record them
     facts = dict(provenance=provenance(kind, getattr(args, "command_line", None)) if results_dir else None, **facts)
     summary = run_comparison(jobs, args.jobs, describe, facts, sizes, unit, results_dir,
-                             title=f"{title}, mean and range over seeds {seeds}", publish=publish)
+                             title=f"{title}, {INTERVAL_WORDS} {seeds}", publish=publish)
     print(f"wall time {summary.wall_s}s; checkpoints in {root}/<encoding>_seed<k>/best")
     return 1 if summary.failed else 0
 
@@ -287,21 +292,6 @@ def columns(sizes: list[int], unit: str = "grid") -> list[tuple[str, int, bool, 
             + [(f"{unit} {sizes[0]} shuffled", sizes[0], False, True)])
 
 
-BOOTSTRAP_RESAMPLES = 10_000
-
-
-def bootstrap_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``values`` (seeds): the mean of ``len(values)`` draws with
-    replacement, :data:`BOOTSTRAP_RESAMPLES` times, from a fixed generator (the same interval on every machine).
-    With 3 seeds it is close to their range (all three draws equal the lowest with probability 1/27 > 2.5%); with
-    5 it is narrower than the range."""
-    import numpy as np
-
-    draws = np.random.default_rng(0).choice(np.asarray(values, dtype=float), size=(BOOTSTRAP_RESAMPLES, len(values)))
-    low, high = np.quantile(draws.mean(axis=1), [(1 - level) / 2, (1 + level) / 2])
-    return float(low), float(high)
-
-
 def aggregate(results: list[Evaluation], sizes: list[int], unit: str = "grid"
               ) -> dict[str, dict[str, dict[str, float]]]:
     """Per encoding and column: mean, std (over seeds; 0 for one seed), min, max, n and ``ci95``, the bootstrap
@@ -346,11 +336,13 @@ def write_results(summary: Comparison, results_dir: Path, title: str) -> None:
 
 
 def plot_results(summary: Comparison, results_dir: Path) -> Path:
-    """``accuracy_vs_size.png`` of a summary (mean and range over seeds); ``python -m lab report`` redraws it from
-    ``summary.json``, like the README's tables."""
+    """``accuracy_vs_size.png`` of a summary (the mean over seeds and its 95% bootstrap interval); ``python -m lab
+    report`` redraws it from ``summary.json``, like the README's tables."""
     from pape_hub.evaluation import plot_sweep_summary
 
     path = results_dir / "accuracy_vs_size.png"
-    plot_sweep_summary(summary.runs, path, title=summary.title or
-                       f"{results_dir.name}: mean and range over seeds {summary.seeds}")
+    # titles recorded before the bars showed the interval named the range; the bars are what the words describe
+    title = (summary.title or f"{results_dir.name}: {INTERVAL_WORDS} {summary.seeds}").replace(
+        "mean and range over seeds", INTERVAL_WORDS)
+    plot_sweep_summary(summary.runs, path, title=title)
     return path

@@ -381,47 +381,70 @@ def _sweep(runs: list[Evaluation], interp: bool) -> tuple[list[Any], list[list[f
     return sizes, [[v for r in runs if (v := r.accuracy(s, interp)) is not None] for s in sizes]
 
 
+BOOTSTRAP_RESAMPLES = 10_000
+
+
+def bootstrap_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (seeds): the mean of ``len(values)`` draws with
+    replacement, :data:`BOOTSTRAP_RESAMPLES` times, from a fixed generator (the same interval on every machine).
+    With 3 seeds it is close to their range (all three draws equal the lowest with probability 1/27 > 2.5%); with
+    5 it is narrower than the range. The comparisons' tables and plots both show it."""
+    import numpy as np
+
+    draws = np.random.default_rng(0).choice(np.asarray(values, dtype=float), size=(BOOTSTRAP_RESAMPLES, len(values)))
+    low, high = np.quantile(draws.mean(axis=1), [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
+
+
 def plot_sweep_summary(results: list[Evaluation], path: str | Path, title: str = "") -> None:
-    """Accuracy against sweep size per encoding (one evaluation or several seeds each): the mean over seeds with
-    the seeds' min-max range as a bar. Each encoding has its colour and marker and sits a little to the side of
-    the others, so equal curves stay visible; solid filled markers: no interpolation, dashed open markers: position
-    interpolation. Chance level and the training size are grey reference lines; the legend is outside the data."""
-    import matplotlib
+    """Accuracy against sweep size per encoding (one evaluation or several seeds each): the mean over seeds with the
+    95% bootstrap interval of the mean as a bar (:func:`bootstrap_interval`, as the comparisons' tables give it).
+    Each encoding has its colour and marker, with no colour repeated; where several encodings share the plot, each
+    sits a little to the side of the others so that equal curves stay visible (one encoding stays on its sizes).
+    Solid filled markers: no interpolation, dashed open markers: position interpolation, named once in the legend.
+    Chance level and the training size are grey reference lines drawn over the data; the legend is outside it."""
+    from matplotlib import colormaps
     from matplotlib.figure import Figure  # the object API: no pyplot state, no backend switched for the process
+    from matplotlib.lines import Line2D
 
     fig = Figure(figsize=(9, 4.8))
     ax = fig.subplots()
-    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     encodings = list(dict.fromkeys(r.label for r in results))
+    palette = colormaps["tab10" if len(encodings) <= 10 else "tab20"].colors
     every = list(dict.fromkeys(row.size for r in results for row in r.rows))
     numeric = all(isinstance(v, (int, float)) for v in every)
     position = {v: (v if numeric else i) for i, v in enumerate(every)}  # clip sizes ("6x5") sit at their index
     spread = min((b - a for a, b in zip(sorted(position.values()), sorted(position.values())[1:])), default=1)
-    # the (encoding, interpolation) series that have points, side by side around each size (one alone: centred)
-    drawn = [(enc, interp) for enc in encodings for interp in (False, True)
-             if _sweep([r for r in results if r.label == enc], interp)[0]]
+    interpolated = False
     for index, enc in enumerate(encodings):
         runs = [r for r in results if r.label == enc]
-        color, marker = colors[index % len(colors)], _MARKERS[index % len(_MARKERS)]
+        color, marker = palette[index % len(palette)], _MARKERS[index % len(_MARKERS)]
+        dodge = (index - (len(encodings) - 1) / 2) * 0.3 * spread / len(encodings) if len(encodings) > 1 else 0.0
         for interp in (False, True):
             sizes, per_size = _sweep(runs, interp)
             if not sizes:
                 continue
-            dodge = (drawn.index((enc, interp)) - (len(drawn) - 1) / 2) * 0.3 * spread / len(drawn)
-            xs = [position[s] + dodge for s in sizes]
+            interpolated |= interp
             means = [sum(v) / len(v) for v in per_size]
-            spread_of_seeds = ([[max(m - min(v), 0.0) for m, v in zip(means, per_size)],
-                                [max(max(v) - m, 0.0) for m, v in zip(means, per_size)]] if len(runs) > 1 else None)
-            ax.errorbar(xs, means, yerr=spread_of_seeds, ls="--" if interp else "-", color=color, marker=marker,
-                        markersize=7 if interp else 5, markerfacecolor="none" if interp else color, capsize=2,
-                        elinewidth=0.8, lw=1.2, label=enc + (" (interp.)" if interp else ""))
+            bars = None
+            if len(runs) > 1:  # the interval of the mean over seeds
+                intervals = [bootstrap_interval(v) for v in per_size]
+                bars = [[max(m - low, 0.0) for m, (low, _) in zip(means, intervals)],
+                        [max(high - m, 0.0) for m, (_, high) in zip(means, intervals)]]
+            ax.errorbar([position[s] + dodge for s in sizes], means, yerr=bars, ls="--" if interp else "-",
+                        color=color, marker=marker, markersize=7 if interp else 5,
+                        markerfacecolor="none" if interp else color, capsize=2, elinewidth=0.8, lw=1.2,
+                        label=None if interp else enc)
+    if interpolated:  # the two line styles, once each, instead of a second entry per encoding
+        for label, style, face in (("no interpolation", "-", "gray"), ("position interpolation", "--", "none")):
+            ax.add_line(Line2D([], [], color="gray", ls=style, marker="o", markerfacecolor=face, label=label))
     if results:
         chance = chance_level(results[0])
         if chance is not None:
-            ax.axhline(chance, color="gray", lw=1.0, ls=":", label=f"chance (1/{round(1 / chance)})")
+            ax.axhline(chance, color="gray", lw=1.0, ls=":", label=f"chance (1/{round(1 / chance)})", zorder=3)
         trained = results[0].trained_at
         if trained in position:
-            ax.axvline(position[trained], color="gray", lw=0.8, ls="-.", label="training size")
+            ax.axvline(position[trained], color="gray", lw=0.8, ls="-.", label="training size", zorder=3)
         ax.set_xlabel(results[0].sweep_unit)
     if not numeric:
         ax.set_xticks(list(position.values()), [str(v) for v in position])
