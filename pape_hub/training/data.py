@@ -124,9 +124,8 @@ def prepare_data(cfg: TrainConfig, process: tuple[torch.device, int, int] | None
     splits), transformed and normalised, checked to be readable, and their loaders. ``process``: (device, rank,
     number of processes), which native-resolution batches need (they are this process's share on its device)."""
     arrow_cfg, motion_cfg = ArrowConfig(**cfg.arrow), MotionConfig(**cfg.motion)  # checked whatever the dataset
-    shapes_cfg, events_cfg = ShapeConfig(**cfg.shapes), EventConfig(**cfg.events)
     if free_token_family(cfg.dataset) is not None:
-        return free_token_data(cfg, shapes_cfg, events_cfg)
+        return free_token_data(cfg)
     setting = task_setting(cfg)
     img_size, num_frames, video = input_spec(cfg, setting)
     check_native_input(cfg, setting, video)
@@ -182,7 +181,7 @@ def prepare_data(cfg: TrainConfig, process: tuple[torch.device, int, int] | None
     return TrainingData(data, train_loader, val_loader, test_loader, img_size, num_frames, data_config)
 
 
-def free_token_data(cfg: TrainConfig, shapes: ShapeConfig, events: EventConfig) -> TrainingData:
+def free_token_data(cfg: TrainConfig) -> TrainingData:
     """The splits and loaders of point clouds or event streams (``shapes3d``, ``modelnet:PATH``, ``movingdot``,
     ``eventfolder:PATH``): samples of different lengths batched with a validity mask (:func:`pad_collate`)."""
     family = free_token_family(cfg.dataset)
@@ -196,8 +195,8 @@ def free_token_data(cfg: TrainConfig, shapes: ShapeConfig, events: EventConfig) 
             raise ValueError(f"--{name.replace('_', '-')} is about images or clips; {what} take none")
     channels = {**model_args_for(cfg.model), **cfg.model_kwargs}.get("in_chans", 3 if family == "pointvit" else 4)
     data = build_data(cfg.dataset, img_size=0, seed=cfg.seed, val_fraction=cfg.val_fraction,
-                      train_size=cfg.train_size, eval_size=cfg.eval_size, shapes_config=shapes,
-                      event_config=events, num_points=cfg.num_points, channels=channels)
+                      train_size=cfg.train_size, eval_size=cfg.eval_size, shapes_config=ShapeConfig(**cfg.shapes),
+                      event_config=EventConfig(**cfg.events), num_points=cfg.num_points, channels=channels)
     for split in (data.val, data.test, data.train):  # a broken file is named now, not after an epoch
         if split is not None and len(split):
             split[0]
