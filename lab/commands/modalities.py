@@ -9,7 +9,8 @@ what a rotation keeps (``rotation_invariant_groups``), so that a rotation-invari
 rotation invariant and the position encoding alone decides how a model fares in a new pose; clouds of 128 to 256
 points; evaluated at 256, 128 and 512 points, each canonical and rotated (and shifted). ``movingdot``:
 ``eventvit_m_*`` on a 32 x 32 sensor in 4-px cells firing every 8 events, one time unit an eighth of a crossing;
-trained at speed 1 on streams that start at random times; evaluated at speeds 1, 0.5 and 2 and with half the events.
+trained at speed 1 on 1,024 streams an epoch that start at random times; evaluated at speeds 1, 0.5 and 2 and with
+half the events.
 
 Examples:
     python -m lab modalities --task shapes3d                 # results/modalities_shapes3d
@@ -43,7 +44,7 @@ TASKS: dict[str, dict[str, Any]] = {
                           nominal_duration=100_000.0, max_tokens=256),
         sizes=[1.0, 0.5, 2.0],
         labels=lambda sizes: [f"speed {v:g}" for v in sizes] + [f"speed {sizes[0]:g}, half the events"],
-        unit="at", repo="eventvit-movingdot-"),
+        unit="at", repo="eventvit-movingdot-", preset=dict(train_size=1024)),
 }
 PRESET = dict(epochs=8, train_size=2048, eval_size=500, batch_size=64, lr=1e-3, warmup_epochs=1, weight_decay=0.05,
               label_smoothing=0.0, drop_path=0.0, recipe="default")
@@ -66,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     task = TASKS[args.task]
     if args.encodings == "all":
         args.encodings = ",".join(free_coordinate_encodings())
-    preset = dict(PRESET, **{k: getattr(args, k) for k in FLAGS if getattr(args, k) is not None})
+    preset = {**PRESET, **task.get("preset", {}),  # the task's own budget, then the flags given
+              **{k: getattr(args, k) for k in FLAGS if getattr(args, k) is not None}}
     results = args.results_dir or str(REPOSITORY / "results" / f"modalities_{args.task}")
     results_dir = None if results == "none" else Path(results)
     output_dir = Path(args.output_dir or f"outputs/modalities_{args.task}")
