@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup main test lint zoo
+.PHONY: setup main test test-fast lint zoo
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ zoo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest tests -n 2
+
+# the quick tier while working: everything but the slow, host-suite and export tests (CI runs `make test`)
+test-fast: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest tests -n 2 -m "not slow and not hosts and not export"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -34,8 +34,8 @@ HELP_CACHE_LIMIT = 1 << 20  # bytes: every command's help together is about 40 k
 
 #: the installed commands, each described here once (the details are in the command module's docstring)
 COMMANDS = {
-    "train": "train a model (accelerate) on the arrow task, a video task or an image/video dataset",
-    "eval": "evaluate a checkpoint across sizes, with and without position interpolation",
+    "train": "train a model (accelerate) on a built-in task, an image or video dataset, point clouds or events",
+    "eval": "evaluate a checkpoint across sizes (with and without position interpolation), point counts or speeds",
     "convert": "a public ImageNet checkpoint (pape_hub.list_pretrained()) as a checkpoint folder with its card",
     "push": "upload a checkpoint folder (weights, config, code, model card, results) to the Hub",
     "card": "write a checkpoint's model card from its results JSON",

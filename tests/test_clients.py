@@ -19,6 +19,8 @@ from test_hub import client, hub  # noqa: F401 - the local Hub fixture
 import pape_hub  # noqa: F401 - registers the models
 from pape_hub.checkpoint import save_checkpoint
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` (CI) runs them
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(embed_dim=32, depth=2, num_heads=2)
 #: a process where pape_hub cannot be imported (as on a machine that only has transformers)

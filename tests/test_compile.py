@@ -8,6 +8,8 @@ import torch
 
 import pape_hub
 
+pytestmark = pytest.mark.export  # `make test-fast` leaves these out; `make test` (CI) runs them
+
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():

@@ -11,8 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` (CI) runs them
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = '{"patch_size": 12, "embed_dim": 32, "depth": 2, "num_heads": 2, "global_pool": "avg", "class_token": false}'

@@ -17,6 +17,8 @@ import pytest
 from lab.commands.report import pages
 from lab.local_hub import LocalHub
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` (CI) runs them
+
 ROOT = Path(__file__).resolve().parent.parent
 _PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", flags=re.MULTILINE | re.DOTALL)
 

@@ -14,6 +14,8 @@ from host_suites import (
     run_transformers_suite,
 )
 
+pytestmark = pytest.mark.hosts  # `make test-fast` leaves these out; `make test` (CI) runs them
+
 
 def test_timm_model_suite_on_every_encoding_class(tmp_path):
     """timm's suite on the tiny image model of every encoding class (``scripts/host_suites.py``: every name)."""

@@ -17,6 +17,8 @@ import timm
 from lab.local_hub import DropConnection, LocalHub
 from pape_hub.checkpoint import save_checkpoint
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` (CI) runs them
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = '{"patch_size": 12, "embed_dim": 32, "depth": 2, "num_heads": 2, "global_pool": "avg", "class_token": false}'
 

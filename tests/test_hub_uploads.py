@@ -16,6 +16,8 @@ from test_hub_security import raw_exchange, request
 
 from lab.local_hub import ACCESS_LOG_LENGTH, LocalHub
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` (CI) runs them
+
 
 @pytest.fixture
 def hub(tmp_path):

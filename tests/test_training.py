@@ -318,3 +318,15 @@ def test_saving_the_transformers_face_takes_given_labels_and_one_number_normalis
     config = read_config(tmp_path / "ck")
     assert config["label_names"] == ["x", "y", "z"] and hf.config.id2label[0] == "a"  # the model is left as it is
     assert config["pretrained_cfg"]["mean"] == [0.5] * 3 and config["pretrained_cfg"]["std"] == [0.25] * 3
+
+
+def test_report_to_is_trainers_name_for_log_with():
+    import argparse
+
+    from pape_hub.commands.train import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert config_from_args(parser.parse_args(["--report-to", "tensorboard"])).log_with == "tensorboard"
+    assert config_from_args(parser.parse_args(["--log-with", "wandb"])).log_with == "wandb"
+    assert config_from_args(parser.parse_args([])).log_with is None

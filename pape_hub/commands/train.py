@@ -1,4 +1,5 @@
-r"""Any registered model on the arrow task, the motion task or an image or video dataset, with accelerate (one
+r"""Any registered model on the arrow task, the motion task, an image or video dataset, or point clouds and event
+streams (``shapes3d``, ``modelnet:PATH``, ``movingdot``, ``eventfolder:PATH``), with accelerate (one
 process, several GPUs or several machines: ``accelerate launch -m pape_hub_cli train ...``). By default the arrow
 task's micro ViT with RoPE-Mixed, about a minute an epoch on a laptop CPU.
 
@@ -10,6 +11,8 @@ Examples:
     pape-hub train --model vivit_t16_rope --dataset motion --model-kwargs '{"tubelet_size": [2, 8, 8],
         "embed_dim": 96, "depth": 4, "num_heads": 4}' --train-size 4096 --output-dir outputs/motion_rope
     accelerate launch -m pape_hub_cli train --model vit_s16_pape --dataset imagefolder:/data/imagenet --epochs 300
+    pape-hub train --model pointvit_m_pape_ri --dataset shapes3d --model-kwargs '{"rotation_invariant_groups": true}'
+    pape-hub train --model eventvit_s_pape --dataset eventfolder:/data/dvs_gesture --batch-size 32
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--push-to-hub", default=None, metavar="ORG/NAME",
                         help="after training, evaluate the best checkpoint, write its model card and push it")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--report-to", dest="log_with", default=argparse.SUPPRESS, metavar="TRACKER",
+                        help="the same as --log-with, under the name transformers' Trainer gives it (report_to)")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
