@@ -16,5 +16,6 @@ __all__ = ["setting"]
 def setting(default: Any = MISSING, help: str = "", *, default_factory: Any = MISSING, **flag: Any) -> Any:  # noqa: A002
     """A dataclass field with its flag's description in ``metadata``: ``help``, and where the flag is not simply
     ``--field-name``: ``flag`` (another name, without the dashes; ``False``: no flag), ``choices``, ``metavar``,
-    ``negated`` (the name of a flag that sets a default-True boolean to False)."""
+    ``negated`` (the name of a flag that sets a default-True boolean to False), ``aliases`` (more names of the flag,
+    e.g. another library's)."""
     return field(default=default, default_factory=default_factory, metadata=dict(help=help, **flag))

@@ -45,7 +45,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_class: type, *,
     """One flag per field of a dataclass config declared with :func:`pape_hub.settings.setting`: ``--field-name``
     (``--PREFIX-field-name`` for a nested config, stored as ``PREFIX_field_name``), its type from the annotation,
     its default from the field (``preset_defaults``: None, for a command that fills unset values from a preset),
-    its help, choices and metavar from the field's metadata."""
+    its help, choices, metavar and ``aliases`` (more flag names) from the field's metadata."""
     hints = typing.get_type_hints(config_class)
     wanted = None if only is None else set(only)
     for f in dataclasses.fields(config_class):
@@ -64,8 +64,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_class: type, *,
         else:
             text = meta.get("help", "") + ("; unset: the preset's" if preset_defaults else "")
             metavar = meta.get("metavar") or (None if meta.get("choices") else name.upper().replace("-", "_"))
-            parser.add_argument(f"--{name}", dest=dest, type=kind, default=None if preset_defaults else default,
-                                choices=meta.get("choices"), metavar=metavar, help=text)
+            aliases = [f"--{a}" for a in meta.get("aliases", ())]  # another library's name for the same setting
+            parser.add_argument(f"--{name}", *aliases, dest=dest, type=kind,
+                                default=None if preset_defaults else default, choices=meta.get("choices"),
+                                metavar=metavar, help=text)
 
 
 def config_values(args: argparse.Namespace, config_class: type, prefix: str = "",

@@ -36,8 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--push-to-hub", default=None, metavar="ORG/NAME",
                         help="after training, evaluate the best checkpoint, write its model card and push it")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--report-to", dest="log_with", default=argparse.SUPPRESS, metavar="TRACKER",
-                        help="the same as --log-with, under the name transformers' Trainer gives it (report_to)")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

@@ -110,7 +110,8 @@ class TrainConfig:
     events: dict[str, Any] = setting(help="EventConfig fields (flags --events-*)", default_factory=dict, flag=False)
     num_points: int = setting(1024, "point-cloud files (modelnet:PATH): points read per cloud")
     num_frames: int | None = setting(None, "video folders: frames sampled per clip (default: the model's)")
-    log_with: str | None = setting(None, "accelerate tracker: tensorboard, wandb, ...")
+    log_with: str | None = setting(None, "accelerate tracker: tensorboard, wandb, ... (--report-to, as transformers' "
+                                         "Trainer names it, is the same flag)", aliases=("report-to",))
     flush_denormals: bool = setting(True, "on CPU, flush subnormal floats to zero (PaPE trains ~3x faster); "
                                     "--keep-denormals keeps them", negated="keep_denormals")
     image_column: str = setting("image", "hf datasets: image column")
