@@ -222,7 +222,7 @@ def test_video_folder_loads_with_remote_code_only(tmp_path):
     model = timm.create_model("vivit_t16_rope_mixed", num_classes=2, **TINY_VIDEO).eval()
     folder = save_checkpoint(model, tmp_path / "ckpt", label_names=["x", "y"])
     assert {"modeling_pape_vivit.py", "configuration_pape_vivit.py", "video_processing_pape_vivit.py",
-            "pape_hub_layers_tubelet.py"} <= {p.name for p in folder.iterdir()}
+            "pape_hub_core.py"} <= {p.name for p in folder.iterdir()}
     x = torch.randn(1, 4, 3, 32, 32)
     torch.save(x, tmp_path / "x.pt")
     with torch.no_grad():
