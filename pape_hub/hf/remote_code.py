@@ -28,11 +28,11 @@ _RELATIVE = re.compile(r"^(\s*)from (\.+)([\w.]*) import ", flags=re.MULTILINE)
 CORE_MODULE = "pape_hub_core"
 
 
-def flat_name(module: str) -> str:
-    """``pape_hub.hf.modeling_pape_vit`` -> ``modeling_pape_vit`` (an entry keeps its short name); any other module
-    lives in :data:`CORE_MODULE`."""
+def flat_name(module: str, entries: list[str] | tuple[str, ...] = ENTRY_MODULES) -> str:
+    """``pape_hub.hf.modeling_pape_vit`` -> ``modeling_pape_vit`` where it is one of ``entries`` (the files
+    ``auto_map`` names keep their short names); any other module lives in :data:`CORE_MODULE`."""
     last = module.rsplit(".", 1)[-1]
-    return last if last in ENTRY_MODULES else CORE_MODULE
+    return last if last in entries else CORE_MODULE
 
 
 def resolve(module: str, dots: str, target: str) -> str:
@@ -71,17 +71,17 @@ def write_remote_code(directory: str | Path, entries: list[str] | None = None) -
         _collect(f"{here}.{entry}", sources)
     names = []
     for module, source in sources.items():
-        if flat_name(module) == CORE_MODULE:
+        if flat_name(module, entries) == CORE_MODULE:
             continue
 
         def rewrite(match: re.Match, module: str = module) -> str:
             indent, dots, target = match.groups()
-            return f"{indent}from .{flat_name(resolve(module, dots, target))} import "
+            return f"{indent}from .{flat_name(resolve(module, dots, target), entries)} import "
 
-        name = f"{flat_name(module)}.py"
+        name = f"{flat_name(module, entries)}.py"
         (directory / name).write_text(_RELATIVE.sub(rewrite, source))
         names.append(name)
-    core = [m for m in _in_import_order(sources) if flat_name(m) == CORE_MODULE]
+    core = [m for m in _in_import_order(sources) if flat_name(m, entries) == CORE_MODULE]
     if core:
         (directory / f"{CORE_MODULE}.py").write_text(core_source(core, sources))
         names.append(f"{CORE_MODULE}.py")
