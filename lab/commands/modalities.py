@@ -7,11 +7,10 @@ Hub and loaded back by repo id.
 ``shapes3d``: ``pointvit_m_*`` (width 96, depth 4, 4 heads, average pooling) on 32 groups of 16 points described by
 what a rotation keeps (``rotation_invariant_groups``), so that a rotation-invariant encoding makes the whole model
 rotation invariant and the position encoding alone decides how a model fares in a new pose; clouds of 128 to 256
-points; evaluated at 256, 128 and 512 points, each canonical and rotated (and shifted); LieRE-8 is left out by default
-(16 times the others' training time here, see ``SHAPE_ENCODINGS``). ``movingdot``:
+points; evaluated at 256, 128 and 512 points, each canonical and rotated (and shifted). ``movingdot``:
 ``eventvit_m_*`` on a 32 x 32 sensor in 4-px cells firing every 8 events, one time unit an eighth of a crossing;
 trained at speed 1 on 1,024 streams an epoch that start at random times; evaluated at speeds 1, 0.5 and 2 and with
-half the events.
+half the events. LieRE's two encodings are left out by default: 16 times the others' training time here (``ENCODINGS``).
 
 Examples:
     python -m lab modalities --task shapes3d                 # results/modalities_shapes3d
@@ -29,19 +28,18 @@ from .. import REPOSITORY
 from ..experiment import add_comparison_arguments, compare_encodings
 from .arrows import publish
 
-#: the encodings that take free 3-D coordinates, dense LieRE left out (a matrix exponential of the whole head per
-#: token: several times the others' time here; `--encodings all` includes it). The shapes leave LieRE-8 out too:
-#: every point group sits at its own coordinate, so each token needs its own matrix exponentials, forward and
-#: backward; measured here, 3.2 min an epoch against 0.2 for the others, 25 min a run (issue 37 names the cost)
-ENCODINGS = "none,sincos,alibi,liere8,pape,pape_ri,rope,rope_mixed,polar_rope"
-SHAPE_ENCODINGS = "none,sincos,alibi,pape,pape_ri,rope,rope_mixed,polar_rope"
+#: the encodings that take free 3-D coordinates but LieRE's two (`--encodings all` adds them): every point group and
+#: every spiking patch sits at its own coordinate, so each token needs its own matrix exponentials, forward and
+#: backward. Measured here, LieRE-8 takes about 3 min an epoch where the others take 0.2 (shapes) to 0.5 (events):
+#: 25 min a run, 16 times the others' (issue 37 names the cost); dense LieRE more
+ENCODINGS = "none,sincos,alibi,pape,pape_ri,rope,rope_mixed,polar_rope"
 SMALL = dict(embed_dim=96, depth=4, num_heads=4, global_pool="avg", class_token=False)
 TASKS: dict[str, dict[str, Any]] = {
     "shapes3d": dict(
         model="pointvit_m_{encoding}", setting_field="shapes", setting=dict(points=256, min_points=128),
         model_kwargs=dict(SMALL, num_groups=32, group_size=16, rotation_invariant_groups=True),
         sizes=[256, 128, 512], labels=lambda sizes: [label for n in sizes for label in (f"{n}", f"{n} rotated")],
-        unit="at", repo="pointvit-shapes3d-", encodings=SHAPE_ENCODINGS),
+        unit="at", repo="pointvit-shapes3d-"),
     "movingdot": dict(
         model="eventvit_m_{encoding}", setting_field="events", setting=dict(),
         model_kwargs=dict(SMALL, sensor_size=[32, 32], event_patch_size=4, threshold=8, time_scale=12_500.0,
@@ -59,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", choices=sorted(TASKS), required=True, help="the generated task")
     add_comparison_arguments(parser, seeds="0,1,2,3,4", train_settings=FLAGS,
                              output_dir="outputs/modalities_<task>", results_dir="results/modalities_<task>")
-    parser.set_defaults(encodings=None)  # the task's own list
+    parser.set_defaults(encodings=ENCODINGS)
     parser.add_argument("--hub", choices=["auto", "local", "real", "none"], default="auto",
                         help="where the seed-0 checkpoints are pushed and loaded back from (as python -m lab arrows)")
     parser.add_argument("--hub-namespace", default="pape-hub", help="user or organisation of the pushed repos")
@@ -69,7 +67,6 @@ def run(args: argparse.Namespace) -> int:
     from pape_hub.models.free_tokens import free_coordinate_encodings
 
     task = TASKS[args.task]
-    args.encodings = args.encodings or task.get("encodings", ENCODINGS)
     if args.encodings == "all":
         args.encodings = ",".join(free_coordinate_encodings())
     preset = {**PRESET, **task.get("preset", {}),  # the task's own budget, then the flags given
