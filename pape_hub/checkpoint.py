@@ -47,7 +47,6 @@ from .folder import (
 )
 from .hf.configuration_pape_vit import check_checkpoint_config
 from .hf.remote_code import write_remote_code
-from .layers.point_groups import PointGroupEmbed
 from .models.free_tokens import FreeTokenTransformer
 from .models.weights import check_finite_weights
 from .records import EVALUATION_FILE, Evaluation
@@ -309,21 +308,6 @@ def _write_checkpoint_files(tmp: Path, model: torch.nn.Module, results: Evaluati
     if results is not None:
         record = results.to_dict() if isinstance(results, Evaluation) else results
         (tmp / EVALUATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
-
-
-def free_token_architecture(model: FreeTokenTransformer) -> str:
-    """The registered name a point or event model is saved under: the one timm built it as, else its family, the
-    size whose width and depth it has (``m`` where none has) and its encoding; ``model_args`` hold the rest."""
-    from .models.zoo import MODEL_SIZES, list_pape_models
-
-    built = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
-    if built in list_pape_models():
-        return built
-    family = "pointvit" if isinstance(model.patch_embed, PointGroupEmbed) else "eventvit"
-    size = next((k for k, v in MODEL_SIZES.items() if (v["embed_dim"], v["depth"]) == (model.embed_dim,
-                                                                                      len(model.blocks))), "m")
-    name = f"{family}_{size}_{model.pos_encoding.name}"
-    return name if name in list_pape_models() else f"{family}_m_{model.pos_encoding.name}"
 
 
 def _write_free_token_files(tmp: Path, model: torch.nn.Module, core: FreeTokenTransformer,

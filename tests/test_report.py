@@ -22,11 +22,11 @@ def test_the_pages_show_the_results():
 
 
 def test_every_result_records_its_behaviour_and_a_numerical_change_is_flagged(monkeypatch):
-    from lab.provenance import behaviour, behaviour_differences, decode_behaviour
+    from lab.provenance import RESULT_PROBES, behaviour, behaviour_differences, decode_behaviour
 
     for path in (ROOT / "results").rglob("*.json"):
         prov = json.loads(path.read_text())["provenance"]
-        assert prov["kind"] in ("arrows", "compare", "bench", "profile") and prov["behaviour"], path
+        assert prov["kind"] in RESULT_PROBES and prov["behaviour"], path
     recorded = decode_behaviour(json.loads((ROOT / "results" / "bench_vit_b16_224_cpu.json").read_text())
                                 ["provenance"]["behaviour"])
     now = behaviour("bench")

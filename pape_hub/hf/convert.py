@@ -59,7 +59,7 @@ def config_from_timm(model: VisionTransformer, label_names: list[str] | None = N
 
 def free_token_config(model: FreeTokenTransformer, label_names: list[str] | None = None) -> PapeFreeTokenConfig:
     """The transformers configuration of a point or event model (the constructor arguments it records)."""
-    from ..checkpoint import free_token_architecture
+    from ..models.zoo import free_token_architecture
 
     labels = label_names or [f"LABEL_{i}" for i in range(model.num_classes)]
     config_class = PapePointViTConfig if isinstance(model, PointVisionTransformer) else PapeEventViTConfig

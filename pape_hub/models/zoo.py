@@ -33,8 +33,8 @@ from .vivit import VideoVisionTransformer
 
 __all__ = [
     "EVENT_SETTINGS", "FREE_TOKEN_FAMILIES", "MODEL_SIZES", "PATCH_SETTINGS", "POINT_SETTINGS", "PUBLISHED_WEIGHTS",
-    "SOURCE_CONFIG_CHECKS", "VIDEO_SETTINGS", "list_pape_models", "list_pretrained", "model_args_for",
-    "register_published_weights",
+    "SOURCE_CONFIG_CHECKS", "VIDEO_SETTINGS", "free_token_architecture", "list_pape_models", "list_pretrained",
+    "model_args_for", "register_published_weights",
 ]
 
 #: Weights of this package's own training published on the Hugging Face Hub: model name -> repo id (none yet). Public
@@ -131,6 +131,19 @@ def suggest_model(name: str) -> str:
     if close:
         return f"did you mean {', '.join(close)}? (every name: pape_hub.list_pape_models())"
     return f"e.g. {', '.join(list(_MODELS)[:4])}, ... (every name: pape_hub.list_pape_models())"
+
+
+def free_token_architecture(model: PointVisionTransformer | EventVisionTransformer) -> str:
+    """The registered name a point or event model is saved under: the one timm built it as, else its family, the
+    size whose width and depth it has (``m`` where none has) and its encoding; ``model_args`` hold the rest."""
+    built = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
+    if built in _MODELS:
+        return built
+    family = "pointvit" if isinstance(model, PointVisionTransformer) else "eventvit"
+    size = next((k for k, v in MODEL_SIZES.items() if (v["embed_dim"], v["depth"]) == (model.embed_dim,
+                                                                                      len(model.blocks))), "m")
+    name = f"{family}_{size}_{model.pos_encoding.name}"
+    return name if name in _MODELS else f"{family}_m_{model.pos_encoding.name}"
 
 
 def model_args_for(name: str) -> dict[str, Any]:
