@@ -273,8 +273,7 @@ def _write_checkpoint_files(tmp: Path, model: torch.nn.Module, results: Evaluati
 
     face = hasattr(model, "vit") and hasattr(model, "config")  # the transformers face: its core is the timm model
     core = model.vit if face else model
-    if isinstance(core, FreeTokenTransformer):
-        return _write_free_token_files(tmp, model, core, results, label_names, extra)
+    images = not isinstance(core, FreeTokenTransformer)  # points and events have no pixels and no processor
     if face:
         mean, std = model.config.normalisation()
         data_config = data_config or dict(mean=mean, std=std)
@@ -292,52 +291,22 @@ def _write_checkpoint_files(tmp: Path, model: torch.nn.Module, results: Evaluati
             hf_config.label2id = {name: i for i, name in enumerate(label_names)}
     else:
         hf_config = config_from_timm(model, label_names, data_config.get("mean"), data_config.get("std"))
-    hf_class = transformers_class(hf_config, head=bool(core.num_classes))
-    config = {**hf_config.to_diff_dict(), "architectures": [hf_class.__name__],
-              "dtype": str(next(core.parameters()).dtype).removeprefix("torch."),
-              **folder_fields(hf_class.auto_map, hf_config, core), "pape_hub": dict(extra or {})}
-    # one data config, checked, from which timm's fields and the transformers processor are both written
-    inputs = DataConfig.from_pretrained_cfg(config["pretrained_cfg"], **data_config)
-    config["pretrained_cfg"].update(inputs.timm_fields())
-    weights = {f"vit.{k}": v.detach().contiguous() for k, v in core.state_dict().items()}  # the transformers keys
-    save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
-    os.chmod(tmp / WEIGHTS, 0o644)  # safetensors writes 0600; the folder's files are all equally readable
-    (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    write_remote_code(tmp, entries=[v.split(".")[0] for v in hf_class.auto_map.values()])
-    processor_for(hf_config, inputs).save_pretrained(tmp)  # pipeline("image-classification", model=folder)
-    if results is not None:
-        record = results.to_dict() if isinstance(results, Evaluation) else results
-        (tmp / EVALUATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
-
-
-def _write_free_token_files(tmp: Path, model: torch.nn.Module, core: FreeTokenTransformer,
-                            results: Evaluation | dict[str, Any] | None, label_names: list[str] | None,
-                            extra: dict[str, Any] | None) -> None:
-    """A point or event model's folder: the weights under the transformers face's keys, ``config.json`` with the
-    transformers configuration, ``auto_map`` and timm's fields, and the code files of remote code. No processor:
-    points and events go in as they are."""
-    from .hf.convert import free_token_config, transformers_class
-    from .hf.modeling_pape_vit import folder_fields
-
-    if core is model:
-        labels = label_names or (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
-        hf_config = free_token_config(model, list(labels) if labels else None)
-    else:  # the transformers face: its configuration, with the given labels
-        hf_config = copy.deepcopy(model.config)
-        if label_names:
-            hf_config.id2label = dict(enumerate(label_names))
-            hf_config.label2id = {name: i for i, name in enumerate(label_names)}
-    if core.num_classes and len(hf_config.id2label) != core.num_classes:
+    if not images and core.num_classes and len(hf_config.id2label) != core.num_classes:
         raise ValueError(f"{len(hf_config.id2label)} label names for a model of {core.num_classes} classes")
     hf_class = transformers_class(hf_config, head=bool(core.num_classes))
     config = {**hf_config.to_diff_dict(), "architectures": [hf_class.__name__],
               "dtype": str(next(core.parameters()).dtype).removeprefix("torch."),
               **folder_fields(hf_class.auto_map, hf_config, core), "pape_hub": dict(extra or {})}
-    weights = {f"vit.{k}": v.detach().contiguous() for k, v in core.state_dict().items()}
+    if images:  # one data config, checked, from which timm's fields and the transformers processor are both written
+        inputs = DataConfig.from_pretrained_cfg(config["pretrained_cfg"], **data_config)
+        config["pretrained_cfg"].update(inputs.timm_fields())
+    weights = {f"vit.{k}": v.detach().contiguous() for k, v in core.state_dict().items()}  # the transformers keys
     save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
-    os.chmod(tmp / WEIGHTS, 0o644)
+    os.chmod(tmp / WEIGHTS, 0o644)  # safetensors writes 0600; the folder's files are all equally readable
     (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     write_remote_code(tmp, entries=[v.split(".")[0] for v in hf_class.auto_map.values()])
+    if images:
+        processor_for(hf_config, inputs).save_pretrained(tmp)  # pipeline("image-classification", model=folder)
     if results is not None:
         record = results.to_dict() if isinstance(results, Evaluation) else results
         (tmp / EVALUATION_FILE).write_text(json.dumps(record, indent=2) + "\n")

@@ -61,7 +61,9 @@ def free_token_config(model: FreeTokenTransformer, label_names: list[str] | None
     """The transformers configuration of a point or event model (the constructor arguments it records)."""
     from ..models.zoo import free_token_architecture
 
-    labels = label_names or [f"LABEL_{i}" for i in range(model.num_classes)]
+    # the given labels, else those the model was loaded with (a checkpoint saved again), else LABEL_i
+    labels = label_names or (getattr(model, "pretrained_cfg", None) or {}).get("label_names") or \
+        [f"LABEL_{i}" for i in range(model.num_classes)]
     config_class = PapePointViTConfig if isinstance(model, PointVisionTransformer) else PapeEventViTConfig
     return config_class.from_core_kwargs(
         model.model_args, timm_architecture=free_token_architecture(model), id2label=dict(enumerate(labels)),

@@ -168,17 +168,19 @@ def prepare_data(cfg: TrainConfig, process: tuple[torch.device, int, int] | None
         loaders = native_loaders(cfg, data.train, data.val, data.test, spec, len(data.classes),
                                  *(process or (torch.device("cpu"), 0, 1)))
         return TrainingData(data, *loaders, img_size, num_frames, data_config)
+    return TrainingData(data, *split_loaders(cfg, data), img_size, num_frames, data_config)
+
+
+def split_loaders(cfg: TrainConfig, data: DataBundle, collate_fn: Any = None) -> tuple[Any, Any, Any]:
+    """(train, validation, test or None) loaders of the splits, in batches of ``cfg.batch_size``."""
     generator = torch.Generator().manual_seed(cfg.seed)
     # the last partial batch is dropped only where it is at most 10% of the split (a small folder keeps every image)
     drop_last = len(data.train) % cfg.batch_size <= 0.1 * len(data.train)
-    train_loader = DataLoader(data.train, batch_size=cfg.batch_size, shuffle=True, drop_last=drop_last,
-                              num_workers=cfg.num_workers, generator=generator)
+    loader = partial(DataLoader, batch_size=cfg.batch_size, num_workers=cfg.num_workers, collate_fn=collate_fn)
+    train_loader = loader(data.train, shuffle=True, drop_last=drop_last, generator=generator)
     if len(train_loader) == 0:
         raise ValueError(f"the training split has {len(data.train)} samples, fewer than one batch of {cfg.batch_size}")
-    val_loader = DataLoader(data.val, batch_size=cfg.batch_size, num_workers=cfg.num_workers)
-    test_loader = DataLoader(data.test, batch_size=cfg.batch_size, num_workers=cfg.num_workers) \
-        if data.test is not None else None
-    return TrainingData(data, train_loader, val_loader, test_loader, img_size, num_frames, data_config)
+    return train_loader, loader(data.val), loader(data.test) if data.test is not None else None
 
 
 def free_token_data(cfg: TrainConfig) -> TrainingData:
@@ -202,14 +204,7 @@ def free_token_data(cfg: TrainConfig) -> TrainingData:
             split[0]
     if len(data.val) == 0:
         raise ValueError(f"the validation split of {cfg.dataset} is empty: add samples, or a validation/ folder")
-    generator = torch.Generator().manual_seed(cfg.seed)
-    drop_last = len(data.train) % cfg.batch_size <= 0.1 * len(data.train)
-    loader = partial(DataLoader, batch_size=cfg.batch_size, num_workers=cfg.num_workers, collate_fn=pad_collate)
-    train_loader = loader(data.train, shuffle=True, drop_last=drop_last, generator=generator)
-    if len(train_loader) == 0:
-        raise ValueError(f"the training split has {len(data.train)} samples, fewer than one batch of {cfg.batch_size}")
-    test_loader = loader(data.test) if data.test is not None else None
-    return TrainingData(data, train_loader, loader(data.val), test_loader, None, None, {})
+    return TrainingData(data, *split_loaders(cfg, data, pad_collate), None, None, {})
 
 
 def check_native_input(cfg: TrainConfig, setting: Any, video: bool) -> None:
