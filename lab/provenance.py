@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import platform
 import sys
 import tempfile
@@ -304,7 +305,7 @@ def provenance(kind: str, argv: list[str] | None = None, command: str | None = N
 
     values = behaviour(kind)
     return dict(kind=kind, behaviour_fingerprint=behaviour_digest(values), behaviour=encode_behaviour(values),
-                commit=git_commit(),
+                commit=os.environ.get("PAPE_HUB_LAB_COMMIT") or git_commit(),  # set where the tree travels without .git
                 command=command or "python -m lab " + " ".join(argv if argv is not None else sys.argv[1:]),
                 date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), python=platform.python_version(),
                 torch=torch.__version__, timm=timm.__version__, machine=f"{platform.machine()}, "

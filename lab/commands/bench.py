@@ -28,6 +28,7 @@ from pape_hub.encodings import list_encodings
 
 from ..provenance import provenance
 
+STARTED = time.monotonic()  # --compile-budget counts from the start of the process
 TIMM_SIZE = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
 # (target, what it is compared with) per model key, whole-model inference time ratio; see issue "Speed"
 TARGETS: dict[str, tuple[float, str]] = {
@@ -55,6 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=7, help="interleaved timing rounds")
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile(model) inference")
+    parser.add_argument("--compile-workers", type=int, default=0,
+                        help="with --compile, first compile the models in this many parallel processes, which fill "
+                        "inductor's on-disk caches so that the timed process compiles from them (0: no warm-up)")
+    parser.add_argument("--compile-budget", type=float, default=None,
+                        help="with --compile, seconds after which no further model is compiled (those left are "
+                        "recorded as not compiled, not timed)")
+    parser.add_argument("--warm-compile-cache", action="store_true", help=argparse.SUPPRESS)  # a worker's own mode
+    parser.add_argument("--no-baselines", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
     parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (fp32 CPU, bf16 GPU)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -117,15 +126,18 @@ def startup(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_models(size: str, res: int, encodings: list[str], device: torch.device) -> dict[str, torch.nn.Module]:
+def build_models(size: str, res: int, encodings: list[str], device: torch.device, baselines: bool = True
+                 ) -> dict[str, torch.nn.Module]:
     """Baselines first, then ours; each at ``res`` (timm's own models take img_size, ours any size)."""
     torch.manual_seed(0)
     name = TIMM_SIZE[size]
-    models: dict[str, torch.nn.Module] = {"timm_ape": timm.create_model(f"vit_{name}_patch16_224", img_size=res)}
-    for variant in ("rope", "rope_mixed"):
-        timm_name = f"vit_{name}_patch16_{variant}_224"
-        if timm_name in timm.list_models():
-            models[f"timm_{variant}"] = timm.create_model(timm_name, img_size=res)
+    models: dict[str, torch.nn.Module] = {}
+    if baselines:
+        models["timm_ape"] = timm.create_model(f"vit_{name}_patch16_224", img_size=res)
+        for variant in ("rope", "rope_mixed"):
+            timm_name = f"vit_{name}_patch16_{variant}_224"
+            if timm_name in timm.list_models():
+                models[f"timm_{variant}"] = timm.create_model(timm_name, img_size=res)
     for enc in encodings:
         models[enc] = timm.create_model(f"vit_{size}16_{enc}")
         if enc == "pape":
@@ -177,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
                           ("cpu" if args.device == "auto" else args.device))
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "float32": torch.float32,
              "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    if args.warm_compile_cache:
+        return warm_compile_cache(args, device, dtype)
     flush = device.type == "cpu" and not args.keep_denormals
     if flush:
         torch.set_flush_denormal(True)  # as pape-hub train does: subnormal floats are slow on CPU
@@ -197,10 +211,10 @@ def run(args: argparse.Namespace) -> int:
             rows, run_failures = measure(size, res, encodings, args, device, dtype)
             failures += run_failures
             report["runs"].append(dict(size=size, resolution=res, rows=rows))
+            output.write_text(json.dumps(report, indent=2))  # after every run: a killed sweep keeps what it measured
             print_table(size, res, rows)
             gc.collect()
 
-    output.write_text(json.dumps(report, indent=2))
     plot(report, output.with_suffix(".png"))
     print(f"\nwrote {output} and {output.with_suffix('.png')}")
     for failure in failures:
@@ -243,6 +257,8 @@ def measure(size: str, res: int, encodings: list[str], args: argparse.Namespace,
             rows[key]["infer_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
 
     if args.compile:
+        if args.compile_workers:
+            spawn_compile_warmers(size, res, encodings, args)
         measure_compiled(models, infer, rows, args, sync)
     if args.train_batch_size:
         measure_training(models, rows, args, res, device, autocast, sync)
@@ -259,14 +275,65 @@ def measure(size: str, res: int, encodings: list[str], args: argparse.Namespace,
 
 def measure_compiled(models: dict[str, torch.nn.Module], infer: Callable[[torch.nn.Module], Callable[[], Any]],
                      rows: dict[str, dict[str, Any]], args: argparse.Namespace, sync: Callable[[], Any]) -> None:
-    """``torch.compile`` inference times (compiled outside the timed rounds) into ``rows``."""
-    compiled = {k: torch.compile(m) for k, m in models.items()}
-    for cm in compiled.values():
-        infer(cm)()
+    """``torch.compile`` inference times (compiled outside the timed rounds) into ``rows``; on a GPU also the peak
+    memory of one compiled call. A model that fails to compile, or comes after ``--compile-budget``, is recorded
+    as such and left out of the timed rounds."""
+    compiled = {}
+    for key, m in models.items():
+        if args.compile_budget is not None and time.monotonic() - STARTED > args.compile_budget:
+            rows[key]["compile_error"] = f"not compiled: past --compile-budget {args.compile_budget:.0f} s"
+            continue
+        start = time.perf_counter()
+        try:
+            compiled[key] = torch.compile(m)
+            infer(compiled[key])()
+        except Exception as error:  # noqa: BLE001 - one encoding's compiler failure is a result, not the end
+            compiled.pop(key, None)
+            rows[key]["compile_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            continue
+        rows[key]["compile_s"] = time.perf_counter() - start
+        print(f"compiled {key} in {rows[key]['compile_s']:.1f} s", flush=True)
     ctimes = interleaved({k: infer(cm) for k, cm in compiled.items()}, args.repeats, 1, sync)
-    for key in models:
+    for key, cm in compiled.items():
         rows[key]["compiled_ms"] = statistics.median(ctimes[key]) * 1e3
         rows[key]["compile_speedup"] = rows[key]["infer_ms"] / rows[key]["compiled_ms"]
+        if torch.cuda.is_available() and next(cm.parameters()).is_cuda:
+            torch.cuda.reset_peak_memory_stats()
+            infer(cm)()
+            rows[key]["compiled_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+
+
+def spawn_compile_warmers(size: str, res: int, encodings: list[str], args: argparse.Namespace) -> None:
+    """Compile the same models at the same shapes in ``--compile-workers`` parallel processes first: inductor keeps
+    what they compile on disk (FX graph and kernel caches), so the timed process's compiles become cache hits."""
+    import subprocess
+    import sys
+
+    chunks = [encodings[i :: args.compile_workers] for i in range(args.compile_workers)]
+    common = ["--sizes", size, "--resolutions", str(res), "--batch-size", str(args.batch_size), "--device",
+              args.device, "--dtype", args.dtype, "--warm-compile-cache"]
+    workers = [subprocess.Popen([sys.executable, "-m", "lab", "bench", *common, "--encodings", ",".join(chunk)]
+                                + ([] if i == 0 else ["--no-baselines"])) for i, chunk in enumerate(chunks) if chunk]
+    start = time.perf_counter()
+    codes = [w.wait() for w in workers]
+    print(f"compile warm-up: {len(workers)} processes in {time.perf_counter() - start:.0f} s, exit codes {codes}",
+          flush=True)
+
+
+def warm_compile_cache(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> int:
+    """A warm-up worker: compile and call each model once; failures are left to the timed process to record."""
+    res = int(args.resolutions.split(",")[0])
+    models = build_models(args.sizes.split(",")[0], res, args.encodings.split(","), device,
+                          baselines=not args.no_baselines)
+    x = torch.randn(args.batch_size, 3, res, res, device=device)
+    for m in models.values():
+        m.eval()
+        try:
+            with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                torch.compile(m)(x)
+        except Exception:  # noqa: BLE001, S112 - the timed process compiles again and records the error
+            continue
+    return 0
 
 
 def measure_training(models: dict[str, torch.nn.Module], rows: dict[str, dict[str, Any]], args: argparse.Namespace,

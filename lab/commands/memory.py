@@ -9,8 +9,14 @@ peak of live tensors (``tensors_mb``: independent of the allocator). ``--train``
 one training step instead (forward, cross-entropy, backward, AdamW), batch ``--batch-size``, after one warm-up step
 at the same size; memory is the growth over the warm-up 32 px step, time the median of the next steps.
 
+On a GPU (``--device cuda``, bfloat16 autocast by default) one process serves every measurement: torch's caching
+allocator counts live bytes exactly, so the peak of a call is ``torch.cuda.max_memory_allocated`` over what was
+allocated before it (weights, optimizer state), free of whatever an earlier model left cached; times are medians of
+``--repeats`` synchronised calls after the measured one.
+
     python -m lab memory --output results/memory_vit_s16_cpu.json                  # 224 -> 1024 px sweep
     python -m lab memory --train --resolutions 448 --batch-size 4 --output results/memory_train_vit_s16_448_cpu.json
+    python -m lab memory --device cuda --output results/memory_vit_s16_cuda.json    # the same sweep on a GPU, bf16
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import argparse
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed calls after the measured one (median)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads in each process")
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per process")
+    parser.add_argument("--device", default="cpu", help="cpu (each cell a fresh process) or cuda (one process, "
+                        "torch's allocator statistics)")
+    parser.add_argument("--dtype", default="auto", help="float32, bfloat16 or auto (float32 on CPU, bfloat16 autocast "
+                        "on a GPU)")
     parser.add_argument("--output", default="outputs/memory/memory.json", help="results JSON (a PNG beside it)")
 
 
@@ -110,28 +121,104 @@ def probe(encoding: str, res: int, args: argparse.Namespace) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run(args: argparse.Namespace) -> int:
-    encodings = list_encodings() if args.encodings == "all" else args.encodings.split(",")
-    encodings = ["ape"] + [e for e in encodings if e != "ape"]  # the baseline first
-    resolutions = [int(r) for r in args.resolutions.split(",")]
+def gpu_probe(encoding: str, resolutions: list[int], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Every resolution of one encoding on the GPU, in this process: the peak of live bytes during the first call
+    at each size over what was allocated before it, then the median of ``--repeats`` synchronised calls."""
+    import statistics
+    import time
+
+    import timm
+    import torch
+
+    device = torch.device(args.device)
+    dtype = torch.float32 if args.dtype == "float32" else torch.bfloat16
+    torch.manual_seed(0)
+    model = timm.create_model(f"vit_{args.size}16_{encoding}", num_classes=1000).to(device)
+    batch = args.batch_size if args.train else args.inference_batch_size
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) if args.train else None
+
+    def call(px: int) -> None:
+        x = torch.randn(batch, 3, px, px, device=device)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            if optimizer is None:
+                with torch.inference_mode():
+                    model(x)
+                return
+            y = torch.randint(0, 1000, (batch,), device=device)
+            torch.nn.functional.cross_entropy(model(x).float(), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    model.train(args.train)
+    call(32)  # kernels loaded, optimizer state allocated
+    rows: dict[str, dict[str, Any]] = {}
+    for res in resolutions:
+        try:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+            start = time.perf_counter()
+            call(res)
+            torch.cuda.synchronize(device)
+            first = time.perf_counter() - start
+            peak = (torch.cuda.max_memory_allocated(device) - before) / 2**20
+            times = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                call(res)
+                torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - start)
+            rows[str(res)] = dict(peak_mb=peak, tensors_mb=None, first_s=first,
+                                  time_s=statistics.median(times) if times else first)
+        except torch.OutOfMemoryError as error:
+            rows[str(res)] = dict(error=str(error).splitlines()[0][:300])
+        torch.cuda.empty_cache()
+    return rows
+
+
+def measure_all(encodings: list[str], resolutions: list[int], args: argparse.Namespace,
+                saved: Callable[[dict[str, dict[str, Any]]], None]) -> None:
+    """Every cell: a fresh process per cell on CPU, one process per encoding's row on a GPU; ``saved`` gets the rows
+    after each encoding (a killed sweep keeps what it measured)."""
     rows: dict[str, dict[str, Any]] = {}
     for encoding in encodings:
-        rows[encoding] = {}
+        rows[encoding] = gpu_probe(encoding, resolutions, args) if args.device != "cpu" else \
+            {str(res): probe(encoding, res, args) for res in resolutions}
         for res in resolutions:
-            rows[encoding][str(res)] = probe(encoding, res, args)
             row = rows[encoding][str(res)]
             tensors = f" ({row['tensors_mb']:7.1f} of tensors)" if row.get("tensors_mb") is not None else ""
             shown = f"{row['peak_mb']:8.1f} MB{tensors} {row['time_s'] * 1e3:9.1f} ms" if "error" not in row \
                 else row["error"]
             print(f"{encoding:16s} {res:5d} px  {shown}", flush=True)
+        saved(rows)
+
+
+def device_description(args: argparse.Namespace) -> str:
+    """What the plot and the tables say the cells ran on."""
+    if args.device == "cpu":
+        return f"CPU float32, {args.threads} threads, each cell a fresh process"
+    import torch
+
+    dtype = "float32" if args.dtype == "float32" else "bfloat16 autocast"
+    return f"{torch.cuda.get_device_name(torch.device(args.device))}, {dtype}, torch's allocator peak"
+
+
+def run(args: argparse.Namespace) -> int:
+    encodings = list_encodings() if args.encodings == "all" else args.encodings.split(",")
+    encodings = ["ape"] + [e for e in encodings if e != "ape"]  # the baseline first
+    resolutions = [int(r) for r in args.resolutions.split(",")]
     report = dict(provenance=provenance("bench", command="python -m lab memory " + " ".join(sys.argv[2:])),
-                  size=args.size, train=args.train,
+                  size=args.size, train=args.train, device=device_description(args),
                   batch_size=args.batch_size if args.train else args.inference_batch_size,
-                  repeats=args.repeats, threads=args.threads, patch=16, resolutions=resolutions, rows=rows,
-                  ratios=ratios(rows, resolutions))
+                  repeats=args.repeats, threads=args.threads, patch=16, resolutions=resolutions)
     path = Path(args.output)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
+
+    def saved(rows: dict[str, dict[str, Any]]) -> None:
+        report.update(rows=rows, ratios=ratios(rows, resolutions))
+        path.write_text(json.dumps(report, indent=1) + "\n")
+
+    measure_all(encodings, resolutions, args, saved)
     plot(report, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png')}")
     return 0
@@ -187,8 +274,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.set_ylabel(label + " (log)")
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=7, ncol=2)
-    fig.suptitle(f"ViT-{report['size'].upper()}/16 {what}, batch {report['batch_size']}, CPU float32, each point a "
-                 "fresh process", fontsize=10)
+    where = report.get("device", "CPU float32, each point a fresh process")
+    fig.suptitle(f"ViT-{report['size'].upper()}/16 {what}, batch {report['batch_size']}, {where}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
