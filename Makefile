@@ -21,14 +21,18 @@ main: $(STAMP)
 zoo: $(STAMP)
 	$(VENV)/bin/python -m lab zoo
 
+# one torch thread per test process: two xdist workers (and the processes they start) on two cores, without
+# OpenMP threads spinning against each other
+TEST_ENV := OMP_NUM_THREADS=1
+
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest tests -n 2
+	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -n 2
 
 # the quick tier while working: everything but the slow, host-suite and export tests (CI runs `make test`)
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest tests -n 2 -m "not slow and not hosts and not export"
+	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -n 2 -m "not slow and not hosts and not export"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -269,6 +269,23 @@ def test_a_launch_that_asked_for_two_processes_and_started_one_says_so(tmp_path)
     assert "asked for 2 processes but started one" in done.stderr and "--multi_gpu" in done.stderr
 
 
+def test_a_multi_gpu_launch_without_gpus_is_refused_before_anything_is_written(tmp_path):
+    """--multi_gpu on a CPU machine starts two processes that each train alone: both refuse, naming the fix, and
+    the output folder is never made (they used to collide in it and report a run already there)."""
+    args = ["--model", "vit_t4_pape", "--model-kwargs", '{"patch_size": 12, "embed_dim": 32, "depth": 1, '
+            '"num_heads": 2}', "--epochs", "1", "--train-size", "32", "--eval-size", "16", "--batch-size", "16",
+            "--output-dir", str(tmp_path / "run"), "--quiet"]
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
+    done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m",
+                           "pape_hub_cli", "train", *args], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(env, CUDA_VISIBLE_DEVICES=""))
+    assert done.returncode != 0
+    assert done.stderr.count("did not join one run") == 2 and "ACCELERATE_USE_CPU=true" in done.stderr, \
+        done.stderr[-2000:]
+    assert "already holds a run" not in done.stderr and not (tmp_path / "run").exists()
+
+
 def test_card_metadata_reads_back_through_huggingface_hubs_parser(tmp_path):
     """What the Hub shows: the library whose snippet runs (transformers, remote code), the task (video too), the
     dataset as a Hub id or not at all, the evaluated split, and a converted source's cited accuracy with its

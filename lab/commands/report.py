@@ -131,7 +131,7 @@ def bench_block(results: Path, name: str) -> str:
         has_train = any("train_ratio" in r for r in rows.values())
         has_compile = any("compile_speedup" in r for r in rows.values())
         head = ["model", "inference ms", "× timm APE", "target"] + (["train step × APE"] if has_train else []) + \
-            (["compiled speed-up"] if has_compile else []) + ["SDPA kernel"]
+            (["compiled: speed-up; × compiled timm APE"] if has_compile else []) + ["SDPA kernel"]
         lines = [f"ViT-{run['size'].upper()}/16 at {run['resolution']} px:", "",
                  "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
         for key, r in rows.items():
@@ -142,7 +142,9 @@ def bench_block(results: Path, name: str) -> str:
             if has_train:
                 cells.append(f"{r['train_ratio']:.3f}" if "train_ratio" in r else "not timed")
             if has_compile:
-                cells.append(f"{r['compile_speedup']:.2f}" if "compile_speedup" in r else "")
+                compiled_base = base.get("compiled_ms")
+                cells.append(f"{r['compile_speedup']:.2f}; {r['compiled_ms'] / compiled_base:.3f}"
+                             if "compile_speedup" in r and compiled_base else r.get("compile_error", "")[:60])
             cells.append(",".join(r.get("kernels", [])))
             lines.append("| " + " | ".join(cells) + " |")
         out.append("\n".join(lines))
@@ -177,6 +179,11 @@ def profile_block(results: Path, name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def seconds(value: float) -> str:
+    """A time for a table: milliseconds under a second (GPU calls), seconds above."""
+    return f"{value * 1e3:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
 def memory_block(results: Path, name: str, goal_px: int = 896, machine_gb: float | None = None) -> str:
     """Peak memory and time against resolution (``python -m lab memory``), each encoding's ratio to ``ape`` at
     ``goal_px`` against the issue's goal (``machine_gb``: instead, whether the call fits a machine of that memory),
@@ -197,8 +204,8 @@ def memory_block(results: Path, name: str, goal_px: int = 896, machine_gb: float
         cells = []
         for r in map(str, resolutions):
             row = by_res.get(r, {})
-            cells.append(f"{row['peak_mb']:.0f} MB, {row['time_s']:.2f} s" if "peak_mb" in row else
-                         f"failed: {row.get('error', '?')[:40]}")
+            cells.append(f"{row['peak_mb']:.0f} MB, {seconds(row['time_s'])}" if "peak_mb" in row else
+                         f"failed: {row.get('error', '?')[:40]}" if row else "not measured")
         ratio = data["ratios"].get(encoding, {}).get(at)
         verdict = "-"
         if machine_gb is not None and "peak_mb" in by_res.get(at, {}):
@@ -217,12 +224,19 @@ def memory_block(results: Path, name: str, goal_px: int = 896, machine_gb: float
     timed = f"the median time of {data['repeats']} more calls" if data["repeats"] else "the time of that call"
     goal_text = (f"whether the call fits a {machine_gb:.0f} GB machine (the goal), then memory and time against "
                  "`ape`'s" if machine_gb is not None else
-                 f"memory against `ape`'s at {at} px (the goal: at most {goal}x), in brackets the same for the peak of "
-                 "live tensors (torch's profiler, free of the allocator), then time"
+                 f"memory against `ape`'s at {at} px (the goal: at most {goal}x), "
+                 + ("in brackets the same for the peak of live tensors (torch's profiler, free of the allocator), "
+                    if any(r.get("tensors_mb") for rows in data["rows"].values() for r in rows.values()) else "")
+                 + "then time"
                  + (f" (the goal: at most {GOALS['train_time']}x)" if data["train"] else ""))
-    lines += ["", f"ViT-{data['size'].upper()}/16, {what}, CPU float32, {data['threads']} threads; each cell a fresh "
-              "process: peak resident memory of the call over the process after a 32 px warm-up (`ru_maxrss`, the "
-              f"issue's measure, which includes what the C allocator keeps of freed blocks), and {timed}. The ratio "
+    if str(data.get("device", "CPU")).startswith("CPU"):
+        where = (f"CPU float32, {data['threads']} threads; each cell a fresh process: peak resident memory of the call "
+                 "over the process after a 32 px warm-up (`ru_maxrss`, the issue's measure, which includes what the C "
+                 "allocator keeps of freed blocks)")
+    else:
+        where = (f"{data['device'].replace(', torch', '; torch')}: the peak of live bytes during the first call at "
+                 "each size (`torch.cuda.max_memory_allocated`) over what was allocated before it, in one process")
+    lines += ["", f"ViT-{data['size'].upper()}/16, {what}, {where}, and {timed}. The ratio "
               f"column gives {goal_text}. Growth: the exponent of memory in tokens from the first to the last "
               f"resolution (1.0: linear). {provenance_line(data)}"]
     return "\n".join(lines) + "\n"
@@ -448,6 +462,12 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "padding_s16": ("bench", lambda r: padding_block(r, "padding_vit_s16_cpu.json")),
     "memory_b16_1024_b8": ("bench", lambda r: memory_block(r, "memory_vit_b16_1024_b8_cpu.json", 1024, machine_gb=24)),
     "memory_train_s16_448": ("bench", lambda r: memory_block(r, "memory_train_vit_s16_448_cpu.json", 448)),
+    "bench_b16_cuda": ("bench", lambda r: bench_block(r, "bench_vit_b16_cuda.json")),
+    "bench_b16_224_compiled_cuda": ("bench", lambda r: bench_block(r, "bench_vit_b16_224_compiled_cuda.json")),
+    "memory_s16_cuda": ("bench", lambda r: memory_block(r, "memory_vit_s16_cuda.json")),
+    "memory_train_s16_448_cuda": ("bench", lambda r: memory_block(r, "memory_train_vit_s16_448_cuda.json", 448)),
+    "memory_b16_1024_b8_cuda": ("bench", lambda r: memory_block(r, "memory_vit_b16_1024_b8_cuda.json", 1024,
+                                                                machine_gb=24)),
 }
 
 

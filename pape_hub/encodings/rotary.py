@@ -40,9 +40,12 @@ def rotation_tables(phases: torch.Tensor, num_prefix: int) -> tuple[torch.Tensor
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the interleaved pairs (2i, 2i+1) of the last dim by the tables of :func:`rotation_tables`:
-    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
-    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x2, x1) per pair
-    return torch.addcmul(x * cos, swapped, sin)
+    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), in the tables' precision where it is higher than ``x``'s
+    (float32 tables under bf16 autocast): type promotion widens ``x`` inside each kernel, so no widened copy of
+    ``x`` is held, and the sum accumulates in place (one float32 tensor of x's size, not four: ViT-B/16 at 1024 px,
+    batch 8, held 436 MB more than a plain ViT at its peak on an H200 with the copies)."""
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x2, x1) per pair, in x's dtype
+    return (x * cos).addcmul_(swapped, sin)
 
 
 class LayerCoords(NamedTuple):
@@ -105,7 +108,7 @@ class RotaryEncoding(AddsLearnedTable, PositionEncoding):
         else:
             cos, sin = state
         index = layer if cos.shape[0] > 1 else 0
-        return rotate_pairs(qk.to(cos.dtype), cos[index], sin[index]).to(qk.dtype)
+        return rotate_pairs(qk, cos[index], sin[index]).to(qk.dtype)
 
 
 def axial_frequencies(head_dim: int, ndim: int, theta: float) -> torch.Tensor:

@@ -48,6 +48,7 @@ def train(cfg: TrainConfig, on_epoch: Callable[[dict[str, Any]], None] | None = 
         log_with=cfg.log_with, project_dir=str(cfg.output_dir),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
+    refuse_unjoined_processes(accelerator)
     set_seed(cfg.seed)
     warn_if_launched_as_one(accelerator)
     talk = accelerator.is_main_process and not cfg.quiet
@@ -222,15 +223,27 @@ def launched_processes() -> int | None:
     return 2
 
 
+def refuse_unjoined_processes(accelerator: Accelerator) -> None:
+    """Refuse, in every process, a launch that started several processes (``WORLD_SIZE``) which did not join one run:
+    ``accelerate launch --multi_gpu`` on a machine without GPUs starts N processes that each train alone, into one
+    output folder (before the output folder is touched, so that no process writes anything)."""
+    world = os.environ.get("WORLD_SIZE", "")
+    if world.isdigit() and int(world) > 1 and accelerator.num_processes == 1:
+        raise ValueError(f"the launcher started {world} processes but they did not join one run (each is process 1 of "
+                         "1: --multi_gpu on a machine without GPUs); set ACCELERATE_USE_CPU=true to train as "
+                         f"{world} CPU processes (ACCELERATE_USE_CPU=true accelerate launch --multi_gpu "
+                         f"--num_processes {world} ...), or launch one process")
+
+
 def warn_if_launched_as_one(accelerator: Accelerator) -> None:
     """Say so when ``accelerate launch --num_processes N`` started one process: on a machine without GPUs accelerate
     starts N only with ``--multi_gpu`` (and ``--cpu``); the run goes on as one process."""
     asked = launched_processes()
     if asked and asked > 1 and accelerator.num_processes == 1:
         print(f"warning: accelerate launch was asked for {asked} processes but started one (this is process 1 of 1):"
-              f" on a machine without GPUs, add --multi_gpu --cpu to the launch command for {asked} CPU processes "
-              "(ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes N ...); training continues "
-              "as one process", file=sys.stderr, flush=True)
+              f" on a machine without GPUs, add --multi_gpu to the launch command for {asked} CPU processes "
+              f"(ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes {asked} ...); training "
+              "continues as one process", file=sys.stderr, flush=True)
 
 
 def fit(cfg: TrainConfig, accelerator: Accelerator, run: Run,

@@ -1,0 +1,36 @@
+#!/bin/bash
+# The GPU checks of docs/speed.md in one call, most needed first, each bounded so that a lease of ~10 minutes
+# returns what finished: bench eager (ViT-B/16, 224 and 448 px, bf16, training steps too), the memory sweeps
+# (ViT-S/16 224 -> 1024 px, a ViT-S training step at 448 px, ViT-B/16 at 1024 px batch 8), then bench --compile.
+#   bash scripts/gpu_checks.sh COMMIT [SECONDS]     # results land in $OUT (default outputs/gpu); copy them to results/
+# Where the tree travels without .git, COMMIT names the code (PAPE_HUB_LAB_COMMIT); timm is installed from .whl/ if
+# that folder exists (the device image may carry another timm).
+set +e
+export PYTHONUNBUFFERED=1 PAPE_HUB_LAB_COMMIT="$1" TOKENIZERS_PARALLELISM=false
+OUT=${OUT:-outputs/gpu}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+LIMIT=${2:-540}
+left() { echo $((LIMIT - SECONDS)); }
+{
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+python3 -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__, torch.cuda.get_device_name())"
+echo "=== bench eager, $(left) s left"
+timeout 170 python3 -m lab bench --device cuda --dtype bfloat16 --resolutions 224,448 --train-skip "" \
+  --output "$OUT/bench_vit_b16_cuda.json"
+echo "=== memory inference, $(left) s left"
+timeout 120 python3 -m lab memory --device cuda --repeats 5 --output "$OUT/memory_vit_s16_cuda.json"
+echo "=== memory training, $(left) s left"
+timeout 60 python3 -m lab memory --device cuda --train --resolutions 448 --batch-size 4 --repeats 5 \
+  --output "$OUT/memory_train_vit_s16_448_cuda.json"
+echo "=== memory ViT-B 1024 px batch 8, $(left) s left"
+timeout 90 python3 -m lab memory --device cuda --size b --resolutions 1024 --inference-batch-size 8 --repeats 3 \
+  --output "$OUT/memory_vit_b16_1024_b8_cuda.json"
+L=$(left); echo "=== bench compiled, $L s left"
+timeout $((L - 5)) python3 -m lab bench --device cuda --dtype bfloat16 --compile --compile-workers 8 \
+  --compile-budget $((L - 60)) --train-batch-size 0 --repeats 5 --output "$OUT/bench_vit_b16_224_compiled_cuda.json"
+echo "=== done at $SECONDS s"
+} 2>&1 | grep -v -i "warn" | tee "$OUT/log.txt"
