@@ -96,3 +96,17 @@ def test_the_help_of_a_sub_action_shows_its_options(capsys):
     assert done.value.code == 0
     printed = capsys.readouterr().out
     assert all(flag in printed for flag in ("--port", "--data-dir", "--token"))
+
+
+def test_a_folder_of_one_class_is_refused_by_name(tmp_path, capsys):
+    """One class folder would train to validation 1.000 without a word: the command says why not and what to add,
+    before anything is written."""
+    import numpy as np
+    from PIL import Image
+
+    (tmp_path / "data" / "cats").mkdir(parents=True)
+    for i in range(4):
+        Image.fromarray(np.full((16, 16, 3), 40 * i, dtype=np.uint8)).save(tmp_path / "data" / "cats" / f"{i}.png")
+    assert main(["train", "--model", "vit_t4_pape", "--dataset", f"imagefolder:{tmp_path / 'data'}", "--epochs", "1",
+                 "--output-dir", str(tmp_path / "run"), "--quiet"]) == 1
+    assert "holds one class (cats)" in capsys.readouterr().err and not (tmp_path / "run").exists()

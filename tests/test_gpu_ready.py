@@ -55,3 +55,23 @@ def test_the_limit_is_measured_against_what_the_readme_says():
     over = {e for e, row in RECORDED.items() if row["autocast"]["calls"] > CALLS_LIMIT * RECORDED["ape"]["autocast"][
         "calls"]}
     assert over == set(OVER_LIMIT) and all(OVER_LIMIT.values())
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_the_gpu_memory_probe_runs_through_on_the_cpu(monkeypatch, train):
+    """`python -m lab memory --device cuda` is only run where a GPU is lent: its probe's own steps (autocast, the
+    optimizer, one row per size) run here with torch's CUDA statistics stood in, so a GPU lease is not spent on a
+    Python error."""
+    import argparse
+
+    from lab.commands.memory import gpu_probe
+
+    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *args, **kwargs: None)
+    allocated = iter(range(0, 1 << 40, 1 << 20))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *args: 0)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *args: next(allocated))
+    args = argparse.Namespace(device="cpu", dtype="auto", size="t", train=train, batch_size=2, inference_batch_size=1,
+                              repeats=1)
+    rows = gpu_probe("rope_mixed", [32, 48], args)
+    assert set(rows) == {"32", "48"} and all(row["peak_mb"] >= 0 and row["time_s"] > 0 for row in rows.values())

@@ -230,9 +230,10 @@ def memory_block(results: Path, name: str, goal_px: int = 896, machine_gb: float
                  + "then time"
                  + (f" (the goal: at most {GOALS['train_time']}x)" if data["train"] else ""))
     if str(data.get("device", "CPU")).startswith("CPU"):
-        where = (f"CPU float32, {data['threads']} threads; each cell a fresh process: peak resident memory of the call "
-                 "over the process after a 32 px warm-up (`ru_maxrss`, the issue's measure, which includes what the C "
-                 "allocator keeps of freed blocks)")
+        flushed = ", subnormal floats flushed to zero" if data.get("flush_denormals") else ""
+        where = (f"CPU float32, {data['threads']} threads{flushed}; each cell a fresh process: peak resident memory of "
+                 "the call over the process after a 32 px warm-up (`ru_maxrss`, the issue's measure, which includes "
+                 "what the C allocator keeps of freed blocks)")
     else:
         where = (f"{data['device'].replace(', torch', '; torch')}: the peak of live bytes during the first call at "
                  "each size (`torch.cuda.max_memory_allocated`) over what was allocated before it, in one process")

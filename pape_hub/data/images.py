@@ -245,6 +245,9 @@ def scan_class_folders(folder: Path, suffixes: tuple[str, ...], item: str, class
     if not classes or found != classes:
         raise FileNotFoundError(f"{folder} must hold one folder per class ({classes or 'none found'}), got {found}; "
                                 f"the layouts read: {LAYOUTS}")
+    if len(classes) < 2:  # every prediction would be right: val 1.000 that means nothing
+        raise ValueError(f"{folder} holds one class ({classes[0]}): a classifier tells classes apart, so it needs at "
+                         f"least two; add a folder for each other class (the layouts read: {LAYOUTS})")
     seen_dirs, seen_files = seen if seen is not None else (set(), {})
     files, labels = [], []
     for label, name in enumerate(classes):
