@@ -21,6 +21,9 @@ pytestmark = pytest.mark.hosts  # `make test-fast` leaves these out; `make test`
 #: per-layer state: pape), then the other classes (every name: ``scripts/host_suites.py``)
 HOOK_CLASSES = ("ape", "alibi", "liere8", "pape", "rope_mixed")
 SLICES = ["hooks", "rest"]
+#: transformers tests that must pass in each slice: together the 200 the suite asserted before it was split (the rest
+#: slice passes every selected test but transformers' tied-weights reload, an expected failure)
+MIN_PASSED = {"hooks": 113, "rest": 87}
 
 
 def encoding_classes(part: str) -> list[str]:
@@ -68,4 +71,5 @@ def test_transformers_model_suite_on_every_encoding_class(tmp_path, part):
     except RuntimeError as err:
         pytest.skip(str(err))
     unexpected = sorted(f for f in failed if not expected_transformers_failure(f))
-    assert passed + len(failed) >= len(selection) and not unexpected, out[-4000:]  # every selected test ran
+    assert passed >= MIN_PASSED[part] and passed + len(failed) >= len(selection), out[-4000:]  # each one ran
+    assert not unexpected, out[-4000:]

@@ -105,8 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per process")
     parser.add_argument("--device", default="cpu", help="cpu (each cell a fresh process) or cuda (one process, "
                         "torch's allocator statistics)")
-    parser.add_argument("--dtype", default="auto", help="float32, bfloat16 or auto (float32 on CPU, bfloat16 autocast "
-                        "on a GPU)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                        help="auto: float32 on CPU (the only one there), bfloat16 autocast on a GPU")
     parser.add_argument("--output", default="outputs/memory/memory.json", help="results JSON (a PNG beside it)")
 
 
@@ -134,7 +134,7 @@ def gpu_probe(encoding: str, resolutions: list[int], args: argparse.Namespace) -
     import torch
 
     device = torch.device(args.device)
-    dtype = torch.float32 if args.dtype == "float32" else torch.bfloat16
+    dtype = getattr(torch, gpu_dtype(args))
     torch.manual_seed(0)
     model = timm.create_model(f"vit_{args.size}16_{encoding}", num_classes=1000).to(device)
     batch = args.batch_size if args.train else args.inference_batch_size
@@ -202,11 +202,19 @@ def device_description(args: argparse.Namespace) -> str:
         return f"CPU float32, {args.threads} threads, each cell a fresh process"
     import torch
 
-    dtype = "float32" if args.dtype == "float32" else "bfloat16 autocast"
+    dtype = "float32" if gpu_dtype(args) == "float32" else "bfloat16 autocast"
     return f"{torch.cuda.get_device_name(torch.device(args.device))}, {dtype}, torch's allocator peak"
 
 
+def gpu_dtype(args: argparse.Namespace) -> str:
+    """The dtype a GPU measurement runs in: bfloat16 autocast unless float32 is asked for."""
+    return "float32" if args.dtype == "float32" else "bfloat16"
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.device == "cpu" and args.dtype == "bfloat16":
+        raise ValueError("--dtype bfloat16 is for --device cuda: each CPU cell runs in float32 (the issue's measure); "
+                         "leave --dtype out, or add --device cuda")
     encodings = list_encodings() if args.encodings == "all" else args.encodings.split(",")
     encodings = ["ape"] + [e for e in encodings if e != "ape"]  # the baseline first
     resolutions = [int(r) for r in args.resolutions.split(",")]
