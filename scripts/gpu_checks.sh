@@ -2,7 +2,8 @@
 # The GPU checks of docs/speed.md in one call, most needed first, each bounded so that a lease of ~10 minutes
 # returns what finished: bench eager (ViT-B/16, 224 and 448 px, bf16, training steps too), the memory sweeps
 # (ViT-S/16 224 -> 1024 px, a ViT-S training step at 448 px, ViT-B/16 at 1024 px batch 8), then bench --compile.
-#   bash scripts/gpu_checks.sh COMMIT [SECONDS]     # results land in $OUT (default outputs/gpu); copy them to results/
+#   bash scripts/gpu_checks.sh COMMIT [SECONDS] [PHASES]   # results land in $OUT (default outputs/gpu); copy them to results/
+# PHASES picks from "eager memory compile" (default all three), so that one lease can take them in two calls.
 # Where the tree travels without .git, COMMIT names the code (PAPE_HUB_LAB_COMMIT); timm is installed from .whl/ if
 # that folder exists (the device image may carry another timm).
 set +e
@@ -14,23 +15,31 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site:$PWD
 fi
 LIMIT=${2:-540}
+PHASES=${3:-eager memory compile}
+has() { [[ " $PHASES " == *" $1 "* ]]; }
 left() { echo $((LIMIT - SECONDS)); }
 {
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__, torch.cuda.get_device_name())"
+if has eager; then
 echo "=== bench eager, $(left) s left"
 timeout 170 python3 -m lab bench --device cuda --dtype bfloat16 --resolutions 224,448 --train-skip "" \
   --output "$OUT/bench_vit_b16_cuda.json"
+fi
+if has memory; then
 echo "=== memory inference, $(left) s left"
 timeout 120 python3 -m lab memory --device cuda --repeats 5 --output "$OUT/memory_vit_s16_cuda.json"
 echo "=== memory training, $(left) s left"
 timeout 60 python3 -m lab memory --device cuda --train --resolutions 448 --batch-size 4 --repeats 5 \
   --output "$OUT/memory_train_vit_s16_448_cuda.json"
 echo "=== memory ViT-B 1024 px batch 8, $(left) s left"
-timeout 90 python3 -m lab memory --device cuda --size b --resolutions 1024 --inference-batch-size 8 --repeats 3 \
+timeout 100 python3 -m lab memory --device cuda --size b --resolutions 1024 --inference-batch-size 8 --repeats 1 \
   --output "$OUT/memory_vit_b16_1024_b8_cuda.json"
+fi
+if has compile; then
 L=$(left); echo "=== bench compiled, $L s left"
 timeout $((L - 5)) python3 -m lab bench --device cuda --dtype bfloat16 --compile --compile-workers 8 \
   --compile-budget $((L - 60)) --train-batch-size 0 --repeats 5 --output "$OUT/bench_vit_b16_224_compiled_cuda.json"
+fi
 echo "=== done at $SECONDS s"
 } 2>&1 | grep -v -i "warn" | tee "$OUT/log.txt"

@@ -99,3 +99,20 @@ def test_per_layer_state_on_large_grids_is_the_all_layer_state(encoding, monkeyp
 def test_the_thresholds_leave_training_sizes_on_the_fast_path():
     """The speed tables' sizes (ViT-B/16 at 224 and 448 px) stay under the blockwise threshold; 896 px is over it."""
     assert base.blockwise(28 * 28 + 1) is False and base.blockwise(56 * 56 + 1) is True
+
+
+@pytest.mark.parametrize(("encoding", "shared"), [("alibi", True), ("lookhere", True), ("sape2", False)])
+def test_training_counts_a_bias_the_batch_shares_once(encoding, shared, monkeypatch):
+    """In training the blockwise line is one layer's bias: a grid's content-free bias (ALiBi, LookHere) is one
+    (heads, T, T) for the whole batch, so a batch of 4 that a per-sample bias (SaPE²) would send blockwise stays whole;
+    the control, a per-sample bias of the same size, goes blockwise."""
+    model = perturbed(f"vit_t4_{encoding}").train()
+    x = torch.randn(4, 3, 32, 32, dtype=torch.float64)  # 64 patches + CLS; heads 2
+    one_bias = 4 * 2 * 65**2
+    monkeypatch.setattr(base, "STATE_BYTES", 2 * one_bias)  # over one bias, under the batch's four
+    calls = []
+    blockwise = attention.PositionalAttention.blockwise
+    monkeypatch.setattr(attention.PositionalAttention, "blockwise",
+                        lambda self, *a: calls.append(1) or blockwise(self, *a))
+    model(x).sum().backward()
+    assert bool(calls) is not shared

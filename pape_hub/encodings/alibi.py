@@ -51,6 +51,12 @@ def pairwise_distance(coords: torch.Tensor, keys: torch.Tensor | None = None) ->
     return (c[..., :, None, :] - other[..., None, :, :]).norm(dim=-1)
 
 
+def shared_bias_batch(state: Any, batch: int) -> int:
+    """1 for a cached bias of one grid ((heads, T, T), shared by the batch), else ``batch`` (per-sample coordinates,
+    (B, heads, T, T), or coordinates on the blockwise path)."""
+    return 1 if isinstance(state, torch.Tensor) and state.ndim == 3 else batch
+
+
 @register_encoding("alibi")
 class ALiBi(PositionEncoding):
     """nD-ALiBi (CROMA's 2D-ALiBi): bias[h, i, j] = -slope_h * ||p_i - p_j||, ALiBi slopes per head.
@@ -87,6 +93,10 @@ class ALiBi(PositionEncoding):
         if blockwise(pos.num_patches + pos.num_prefix_tokens):
             return BiasCoords.of(pos)
         return self.cached(pos.cache_key(), lambda: pad_prefix_bias(self.bias(pos.coords), pos.num_prefix_tokens))
+
+    def bias_batch(self, state: Any, batch: int) -> int:
+        """One grid's bias is shared by the batch: (heads, P+N, P+N)."""
+        return shared_bias_batch(state, batch)
 
     def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor:
         return self.rows(state, 0, state.coords.shape[-2]) if isinstance(state, BiasCoords) else state
@@ -232,6 +242,10 @@ class LookHere(PositionEncoding):
             return state._replace(coords=state.coords.double()) if self.bias_rounding else state
         coords = pos.coords.double() if self.bias_rounding else pos.coords  # rounding: from float64, as the reference
         return self.cached(pos.cache_key(), lambda: pad_prefix_bias(self.base_bias(coords), pos.num_prefix_tokens))
+
+    def bias_batch(self, state: Any, batch: int) -> int:
+        """One grid's bias is shared by the batch: (heads, P+N, P+N), scaled per layer."""
+        return shared_bias_batch(state, batch)
 
     def attn_bias_rows(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any
                        ) -> Callable[[int, int], torch.Tensor]:

@@ -192,9 +192,10 @@ STATE_BYTES = 32 << 20
 
 def blockwise(num_tokens: int, batch_heads: int = 0) -> bool:
     """Whether attention over ``num_tokens`` (prefix included) takes the blockwise path: from :data:`BLOCKWISE_FROM`
-    tokens, and in training wherever a (batch x heads, T, T) bias would exceed :data:`STATE_BYTES` (autograd would
-    keep one per layer, and a content-dependent bias several). Never while torch.compile, torch.export or torch.fx
-    trace (their graphs take the whole-bias path)."""
+    tokens, and in training wherever one layer's (``batch_heads``, T, T) bias would exceed :data:`STATE_BYTES`
+    (autograd would keep one per layer, and a content-dependent bias several). ``batch_heads`` counts the bias's own
+    leading size: the heads alone where the batch shares one bias (:meth:`PositionEncoding.bias_batch`). Never while
+    torch.compile, torch.export or torch.fx trace (their graphs take the whole-bias path)."""
     if torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_symbolic_tracing():
         return False  # first: while tracing, the sizes are symbolic
     return num_tokens >= BLOCKWISE_FROM or (torch.is_grad_enabled() and 4 * batch_heads * num_tokens**2 > STATE_BYTES)
@@ -301,6 +302,11 @@ class PositionEncoding(nn.Module):
     def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor | None:
         """Additive logit bias, added after the q.k scaling: (heads, P+N, P+N) or (B, heads, P+N, P+N)."""
         return None
+
+    def bias_batch(self, state: Any, batch: int) -> int:
+        """How many samples' biases one layer's attention holds: ``batch`` by default (a bias per sample); 1 where
+        the batch shares one (a content-free bias of one grid), which :func:`blockwise` then counts once."""
+        return batch
 
     def attn_bias_rows(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any
                        ) -> Callable[[int, int], torch.Tensor] | None:

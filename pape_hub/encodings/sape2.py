@@ -65,19 +65,22 @@ def contextual_position_logits(
     return out if inside is None else out * inside[..., None, :].to(out.dtype)
 
 
-#: elements of one block of lines' (B, heads, lines, L, L) gates: on a large grid the lines are taken a block at a
-#: time, so that the ten or so such temporaries of :func:`contextual_position_logits` stay small (1 MB each)
+#: elements of one block of lines' (B, heads, lines, L, L) gates on the blockwise path (no N x N bias held): the lines
+#: are taken a block at a time, so that the ten or so such temporaries of :func:`contextual_position_logits` stay
+#: small (1 MB each). Where the whole (B, heads, N, N) bias is formed, every line goes at once: all of a temporary is
+#: (B, heads, N, L), a fraction L/N of that bias, and each block costs some fifteen kernel launches (a GPU's time)
 LINE_BLOCK_ELEMENTS = 1 << 18
 
 
 def lines_in_blocks(q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, scale: float, key_mode: bool,
-                    present: torch.Tensor | None, inside: torch.Tensor | None) -> torch.Tensor:
-    """:func:`contextual_position_logits` of every line, a block of lines at a time (lines are independent):
-    q, k (B, H, *others, L, d); present (B, 1, *others, L) and inside (B, 1, *ones, L) as there. Returns
-    (B, H, *others, L, L)."""
+                    present: torch.Tensor | None, inside: torch.Tensor | None,
+                    block_elements: int | None = None) -> torch.Tensor:
+    """:func:`contextual_position_logits` of every line, a block of at most ``block_elements`` gates at a time (all
+    at once for None; lines are independent): q, k (B, H, *others, L, d); present (B, 1, *others, L) and inside
+    (B, 1, *ones, L) as there. Returns (B, H, *others, L, L)."""
     B, H, *others, L, _ = q.shape
     lines = math.prod(others)
-    step = max(1, LINE_BLOCK_ELEMENTS // max(1, B * H * L * L))
+    step = lines if block_elements is None else max(1, block_elements // max(1, B * H * L * L))
     if step >= lines:
         return contextual_position_logits(q, k, emb, scale, key_mode, present, inside)
     flat = lambda t: t.flatten(2, -3)  # noqa: E731 - (B, H|1, *others, L, ...) -> (B, H|1, lines, L, ...)
@@ -196,9 +199,12 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
     def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor:
         """(B, heads, P+N, P+N). Per-token inputs are scattered onto their grid first (empty cells gate nothing,
         positions past a sample's own grid count for nothing), then read back in the tokens' order."""
-        vectors = self.sape_vectors(layer, q, k, state)
-        bias = sum(pairwise_l2(v) for v in vectors)  # (B, H, N, N): eq. 16, one distance per axis
-        return pad_prefix_bias(bias * self.ctx.head_dim**-0.5, self.ctx.num_prefix_tokens)  # divided by sqrt(d) too
+        scale = self.ctx.head_dim**-0.5  # eq. 16's bias is divided by sqrt(d) too: ||s a - s b|| = s ||a - b||
+        bias = None
+        for vector in self.sape_vectors(layer, q, k, state):  # (B, H, N, L) per axis
+            distance = pairwise_l2(vector * scale)  # (B, H, N, N)
+            bias = distance if bias is None else bias + distance  # eq. 16, one distance per axis
+        return pad_prefix_bias(bias, self.ctx.num_prefix_tokens)
 
     def attn_bias_rows(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any
                        ) -> Callable[[int, int], torch.Tensor]:
@@ -206,22 +212,26 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
         block of query rows takes its distances to every key."""
         # in training the vectors are remade in backward (checkpointed): the gates and interpolation behind them are
         # (B, H, lines, L, L) per axis and layer, which autograd would otherwise keep for every layer
-        vectors = checkpoint(self.sape_vectors, layer, q, k, state, use_reentrant=False) \
+        vectors = checkpoint(self.sape_vectors, layer, q, k, state, LINE_BLOCK_ELEMENTS, use_reentrant=False) \
             if torch.is_grad_enabled() and (q.requires_grad or self.pos_emb.requires_grad) \
-            else self.sape_vectors(layer, q, k, state)
+            else self.sape_vectors(layer, q, k, state, LINE_BLOCK_ELEMENTS)
         p = self.ctx.num_prefix_tokens
-        scale = self.ctx.head_dim**-0.5
+        vectors = [v * self.ctx.head_dim**-0.5 for v in vectors]  # the bias divided by sqrt(d), as attn_bias
 
         def rows(start: int, stop: int) -> torch.Tensor:
             first = max(start, p) - p  # the block's patch rows; prefix rows and columns get no bias
-            distance = sum(pairwise_l2(v[:, :, first : stop - p], v) for v in vectors) * scale  # (B, H, r', N)
+            distance = None
+            for v in vectors:  # (B, H, r', N) per axis
+                part = pairwise_l2(v[:, :, first : stop - p], v)
+                distance = part if distance is None else distance + part
             return F.pad(distance, (p, 0, stop - start - distance.shape[-2], 0))
 
         return rows
 
-    def sape_vectors(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> list[torch.Tensor]:
+    def sape_vectors(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any,
+                     line_block: int | None = None) -> list[torch.Tensor]:
         """Per axis (x, y(, t)), every patch token's SaPE vector: (B, H, N, L), the interpolated position logits of
-        the positions along its line (eqs. 9-15)."""
+        the positions along its line (eqs. 9-15); the lines ``line_block`` gates at a time (:func:`lines_in_blocks`)."""
         p, scale = self.ctx.num_prefix_tokens, self.ctx.head_dim**-0.5
         plan = state if isinstance(state, dict) else None
         grid = tuple(plan["grid"] if plan else state)  # (rows, cols) or (T, rows, cols)
@@ -241,7 +251,7 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
                 inside = inside.movedim(axis, last)
             along = lines_in_blocks(
                 q_grid.movedim(axis, last), k_grid.movedim(axis, last), emb[coord_axis], scale, self.key_mode,
-                present.movedim(axis, last) if present is not None else None, inside)  # (B, H, *others, L, L)
+                present.movedim(axis, last) if present is not None else None, inside, line_block)  # (B, H, ..., L, L)
             sape = along.movedim(-2, axis).flatten(2, 1 + nd)  # (B, H, cells, L): query order restored
             if plan is not None:
                 sape = sape.gather(2, plan["cell"][:, None, :, None].expand(-1, sape.shape[1], -1, sape.shape[-1]))

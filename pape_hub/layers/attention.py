@@ -146,7 +146,8 @@ class PositionalAttention(nn.Module):
             qk = encoding_transform_qk(encoding, self.layer_idx, qk, x, state)  # (2, B, H, T, hd), or wider (PaPE)
         q, k = qk.unbind(0)
         fused = fused and self.fused_attn and not output_attentions
-        if fused and "bias" in encoding.mechanisms and blockwise(T, B * self.num_heads):  # no (heads, T, T) tensor
+        bias_batch = B if mask is not None else encoding.bias_batch(state, B)  # a mask makes a bias per sample
+        if fused and "bias" in encoding.mechanisms and blockwise(T, bias_batch * self.num_heads):  # no (H, T, T)
             blocks = encoding_bias_blocks(encoding, self.layer_idx, q, k, state, mask)
             if blocks is not None:
                 out = self.blockwise(q, k, v, blocks).transpose(1, 2).reshape(B, T, D)
