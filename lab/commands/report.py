@@ -464,6 +464,7 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "memory_b16_1024_b8": ("bench", lambda r: memory_block(r, "memory_vit_b16_1024_b8_cpu.json", 1024, machine_gb=24)),
     "memory_train_s16_448": ("bench", lambda r: memory_block(r, "memory_train_vit_s16_448_cpu.json", 448)),
     "bench_b16_cuda": ("bench", lambda r: bench_block(r, "bench_vit_b16_cuda.json")),
+    "bench_b16_448_cuda": ("bench", lambda r: bench_block(r, "bench_vit_b16_448_cuda.json")),
     "bench_b16_224_compiled_cuda": ("bench", lambda r: bench_block(r, "bench_vit_b16_224_compiled_cuda.json")),
     "memory_s16_cuda": ("bench", lambda r: memory_block(r, "memory_vit_s16_cuda.json")),
     "memory_train_s16_448_cuda": ("bench", lambda r: memory_block(r, "memory_train_vit_s16_448_cuda.json", 448)),
