@@ -233,3 +233,36 @@ def test_bootstrap_interval_of_the_mean():
     assert bootstrap_interval([0.5, 0.5, 0.5]) == (0.5, 0.5)
     three = bootstrap_interval([0.2, 0.6, 1.0])  # 3 seeds: the interval reaches the range
     assert three[0] == pytest.approx(0.2) and three[1] == pytest.approx(1.0)
+
+
+def test_the_memory_probe_can_fix_glibcs_mmap_threshold_and_says_so(tmp_path, monkeypatch):
+    """`python -m lab memory --mmap-threshold N` hands each CPU cell MALLOC_MMAP_THRESHOLD_=N and its table names it;
+    a threshold for a GPU, or a negative one, is refused by name."""
+    import argparse
+    import json
+
+    from lab.commands import memory
+    from lab.commands.report import memory_block
+
+    seen, real_run = [], memory.subprocess.run
+
+    def fake_run(command, **kwargs):
+        if "env" not in kwargs:  # git, for the provenance
+            return real_run(command, **kwargs)
+        seen.append(kwargs["env"].get("MALLOC_MMAP_THRESHOLD_"))
+        row = dict(peak_mb=1.0, tensors_mb=1.0, time_s=0.1, first_s=0.1)
+        return argparse.Namespace(returncode=0, stdout=json.dumps(row) + "\n", stderr="")
+
+    monkeypatch.setattr(memory.subprocess, "run", fake_run)
+    monkeypatch.setattr(memory, "plot", lambda report, path: None)
+    parser = argparse.ArgumentParser()
+    memory.add_arguments(parser)
+    output = tmp_path / "memory.json"
+    args = parser.parse_args(["--encodings", "ape,alibi", "--resolutions", "32", "--mmap-threshold", "65536",
+                              "--output", str(output)])
+    monkeypatch.setattr(memory.sys, "argv", ["lab", "memory"])
+    assert memory.run(args) == 0 and seen == ["65536", "65536"]
+    assert "mmap threshold fixed at 65536 bytes" in memory_block(tmp_path, "memory.json")
+    for bad in (["--mmap-threshold", "-1"], ["--mmap-threshold", "0", "--device", "cuda"]):
+        with pytest.raises(ValueError, match="--mmap-threshold"):
+            memory.run(parser.parse_args(bad))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -107,6 +108,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "torch's allocator statistics)")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                         help="auto: float32 on CPU (the only one there), bfloat16 autocast on a GPU")
+    parser.add_argument("--mmap-threshold", type=int, default=None, metavar="BYTES",
+                        help="CPU: fix glibc's mmap threshold in each cell's process (MALLOC_MMAP_THRESHOLD_), so that "
+                        "every freed block over it goes back to the system at once and resident memory follows live "
+                        "tensors; by default glibc raises the threshold to the largest block freed so far (up to "
+                        "32 MB) and keeps smaller freed blocks in its heap")
     parser.add_argument("--output", default="outputs/memory/memory.json", help="results JSON (a PNG beside it)")
 
 
@@ -116,7 +122,8 @@ def probe(encoding: str, res: int, args: argparse.Namespace) -> dict[str, Any]:
                         batch=args.batch_size if args.train else args.inference_batch_size, repeats=args.repeats,
                         size=args.size, profiled=not args.no_profile)
     try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=args.timeout)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=args.timeout,
+                              env=probe_environment(args))
     except subprocess.TimeoutExpired:
         return dict(error=f"over {args.timeout} s")
     if done.returncode:
@@ -196,10 +203,20 @@ def measure_all(encodings: list[str], resolutions: list[int], args: argparse.Nam
         saved(rows)
 
 
+def probe_environment(args: argparse.Namespace) -> dict[str, str]:
+    """A cell's environment: this one, with glibc's mmap threshold fixed where ``--mmap-threshold`` asks."""
+    env = dict(os.environ)
+    if args.mmap_threshold is not None:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(args.mmap_threshold)
+    return env
+
+
 def device_description(args: argparse.Namespace) -> str:
     """What the plot and the tables say the cells ran on."""
     if args.device == "cpu":
-        return f"CPU float32, {args.threads} threads, each cell a fresh process"
+        allocator = f", glibc's mmap threshold fixed at {args.mmap_threshold} bytes" \
+            if args.mmap_threshold is not None else ""
+        return f"CPU float32, {args.threads} threads, each cell a fresh process{allocator}"
     import torch
 
     dtype = "float32" if gpu_dtype(args) == "float32" else "bfloat16 autocast"
@@ -212,6 +229,9 @@ def gpu_dtype(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.mmap_threshold is not None and (args.device != "cpu" or args.mmap_threshold < 0):
+        raise ValueError(f"--mmap-threshold {args.mmap_threshold}: a byte count >= 0 for --device cpu (glibc's "
+                         "allocator; a GPU's memory is torch's caching allocator)")
     if args.device == "cpu" and args.dtype == "bfloat16":
         raise ValueError("--dtype bfloat16 is for --device cuda: each CPU cell runs in float32 (the issue's measure); "
                          "leave --dtype out, or add --device cuda")
@@ -220,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
     resolutions = [int(r) for r in args.resolutions.split(",")]
     report = dict(provenance=provenance("bench", command="python -m lab memory " + " ".join(sys.argv[2:])),
                   size=args.size, train=args.train, device=device_description(args),
-                  flush_denormals=args.device == "cpu",
+                  flush_denormals=args.device == "cpu", mmap_threshold=args.mmap_threshold,
                   batch_size=args.batch_size if args.train else args.inference_batch_size,
                   repeats=args.repeats, threads=args.threads, patch=16, resolutions=resolutions)
     path = Path(args.output)

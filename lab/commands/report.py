@@ -231,6 +231,8 @@ def memory_block(results: Path, name: str, goal_px: int = 896, machine_gb: float
                  + (f" (the goal: at most {GOALS['train_time']}x)" if data["train"] else ""))
     if str(data.get("device", "CPU")).startswith("CPU"):
         flushed = ", subnormal floats flushed to zero" if data.get("flush_denormals") else ""
+        if data.get("mmap_threshold") is not None:
+            flushed += f", glibc's mmap threshold fixed at {data['mmap_threshold']} bytes (`MALLOC_MMAP_THRESHOLD_`)"
         where = (f"CPU float32, {data['threads']} threads{flushed}; each cell a fresh process: peak resident memory of "
                  "the call over the process after a 32 px warm-up (`ru_maxrss`, the issue's measure, which includes "
                  "what the C allocator keeps of freed blocks)")
