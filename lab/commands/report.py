@@ -221,7 +221,8 @@ def memory_block(results: Path, name: str, goal_px: int = 896, machine_gb: float
         lines.append(f"| `{encoding}` | " + " | ".join(cells) + f" | {verdict} | "
                      f"{'-' if exponent is None else f'{exponent:.2f}'} |")
     what = f"a training step, batch {data['batch_size']}" if data["train"] else f"inference, batch {data['batch_size']}"
-    timed = f"the median time of {data['repeats']} more calls" if data["repeats"] else "the time of that call"
+    timed = (f"the median time of {data['repeats']} more calls" if data["repeats"] > 1 else
+             "the time of one more call" if data["repeats"] else "the time of that call")
     goal_text = (f"whether the call fits a {machine_gb:.0f} GB machine (the goal), then memory and time against "
                  "`ape`'s" if machine_gb is not None else
                  f"memory against `ape`'s at {at} px (the goal: at most {goal}x), "
@@ -463,6 +464,7 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "startup": ("bench", lambda r: startup_block(r, "bench_startup_cpu.json")),
     "memory_s16": ("bench", lambda r: memory_block(r, "memory_vit_s16_cpu.json")),
     "padding_s16": ("bench", lambda r: padding_block(r, "padding_vit_s16_cpu.json")),
+    "memory_s16_896_mmap": ("bench", lambda r: memory_block(r, "memory_vit_s16_896_mmap_cpu.json")),
     "memory_b16_1024_b8": ("bench", lambda r: memory_block(r, "memory_vit_b16_1024_b8_cpu.json", 1024, machine_gb=24)),
     "memory_train_s16_448": ("bench", lambda r: memory_block(r, "memory_train_vit_s16_448_cpu.json", 448)),
     "bench_b16_cuda": ("bench", lambda r: bench_block(r, "bench_vit_b16_cuda.json")),
