@@ -1,9 +1,10 @@
 #!/bin/bash
-# The GPU checks of docs/speed.md in one call, most needed first, each bounded so that a lease of ~10 minutes
-# returns what finished: bench eager (ViT-B/16, 224 and 448 px, bf16, training steps too), the memory sweeps
-# (ViT-S/16 224 -> 1024 px, a ViT-S training step at 448 px, ViT-B/16 at 1024 px batch 8), then bench --compile.
-#   bash scripts/gpu_checks.sh COMMIT [SECONDS] [PHASES]   # results land in $OUT (default outputs/gpu); copy them to results/
-# PHASES picks from "eager memory compile" (default all three), so that one lease can take them in two calls.
+# The GPU checks of docs/speed.md, most needed first, each bounded so that a call returns what finished: bench eager
+# (ViT-B/16 at 224 and at 448 px, bf16, training steps too), the memory sweeps (ViT-S/16 224 -> 1024 px, a ViT-S
+# training step at 448 px, ViT-B/16 at 1024 px batch 8), then bench --compile. All of it takes about 13 minutes on an
+# H200, so a 15-minute lease takes it in two or three calls, named by PHASES ("eager memory compile" by default):
+#   bash scripts/gpu_checks.sh COMMIT [SECONDS] [PHASES]   # results land in $OUT (default outputs/gpu)
+# Copy them to results/ (their commands name $OUT: write results/ there) and redraw their plots.
 # Where the tree travels without .git, COMMIT names the code (PAPE_HUB_LAB_COMMIT); timm is installed from .whl/ if
 # that folder exists (the device image may carry another timm).
 set +e
@@ -22,9 +23,12 @@ left() { echo $((LIMIT - SECONDS)); }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__, torch.cuda.get_device_name())"
 if has eager; then
-echo "=== bench eager, $(left) s left"
-timeout 170 python3 -m lab bench --device cuda --dtype bfloat16 --resolutions 224,448 --train-skip "" \
+echo "=== bench eager 224 px, $(left) s left"  # ~170 s on an H200 (dense LieRE's training steps)
+timeout 200 python3 -m lab bench --device cuda --dtype bfloat16 --resolutions 224 --train-skip "" \
   --output "$OUT/bench_vit_b16_cuda.json"
+echo "=== bench eager 448 px, $(left) s left"  # ~120 s; dense LieRE's training step takes seconds there
+timeout 150 python3 -m lab bench --device cuda --dtype bfloat16 --resolutions 448 --train-skip liere --repeats 5 \
+  --output "$OUT/bench_vit_b16_448_cuda.json"
 fi
 if has memory; then
 echo "=== memory inference, $(left) s left"
