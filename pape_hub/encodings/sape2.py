@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .absolute import AddsLearnedTable
-from .base import EncodingContext, PositionEncoding, TokenPositions, pad_prefix_bias
+from .base import EncodingContext, PositionEncoding, TokenPositions
 from .registry import register_encoding
 
 __all__ = ["SaPE2"]
@@ -199,12 +199,7 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
     def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor:
         """(B, heads, P+N, P+N). Per-token inputs are scattered onto their grid first (empty cells gate nothing,
         positions past a sample's own grid count for nothing), then read back in the tokens' order."""
-        scale = self.ctx.head_dim**-0.5  # eq. 16's bias is divided by sqrt(d) too: ||s a - s b|| = s ||a - b||
-        bias = None
-        for vector in self.sape_vectors(layer, q, k, state):  # (B, H, N, L) per axis
-            distance = pairwise_l2(vector * scale)  # (B, H, N, N)
-            bias = distance if bias is None else bias + distance  # eq. 16, one distance per axis
-        return pad_prefix_bias(bias, self.ctx.num_prefix_tokens)
+        return self.distance_rows(self.sape_vectors(layer, q, k, state))(0, q.shape[-2])
 
     def attn_bias_rows(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any
                        ) -> Callable[[int, int], torch.Tensor]:
@@ -215,15 +210,20 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
         vectors = checkpoint(self.sape_vectors, layer, q, k, state, LINE_BLOCK_ELEMENTS, use_reentrant=False) \
             if torch.is_grad_enabled() and (q.requires_grad or self.pos_emb.requires_grad) \
             else self.sape_vectors(layer, q, k, state, LINE_BLOCK_ELEMENTS)
+        return self.distance_rows(vectors)
+
+    def distance_rows(self, vectors: list[torch.Tensor]) -> Callable[[int, int], torch.Tensor]:
+        """Eq. 16 from every patch token's SaPE vectors ((B, H, N, L) per axis): rows ``start:stop`` of the bias,
+        (B, H, rows, P+N), the sum over axes of the distances, divided by sqrt(d) too (the vectors are scaled first:
+        ||s a - s b|| = s ||a - b||). Prefix rows and columns get no bias."""
         p = self.ctx.num_prefix_tokens
-        vectors = [v * self.ctx.head_dim**-0.5 for v in vectors]  # the bias divided by sqrt(d), as attn_bias
+        vectors = [v * self.ctx.head_dim**-0.5 for v in vectors]
 
         def rows(start: int, stop: int) -> torch.Tensor:
-            first = max(start, p) - p  # the block's patch rows; prefix rows and columns get no bias
-            distance = None
-            for v in vectors:  # (B, H, r', N) per axis
-                part = pairwise_l2(v[:, :, first : stop - p], v)
-                distance = part if distance is None else distance + part
+            first = max(start, p) - p  # the block's patch rows
+            distance = pairwise_l2(vectors[0][:, :, first : stop - p], vectors[0])  # (B, H, r', N)
+            for v in vectors[1:]:  # summed pairwise: no zero to start from, one N x N pass fewer than sum()
+                distance = distance + pairwise_l2(v[:, :, first : stop - p], v)
             return F.pad(distance, (p, 0, stop - start - distance.shape[-2], 0))
 
         return rows

@@ -146,8 +146,10 @@ class PositionalAttention(nn.Module):
             qk = encoding_transform_qk(encoding, self.layer_idx, qk, x, state)  # (2, B, H, T, hd), or wider (PaPE)
         q, k = qk.unbind(0)
         fused = fused and self.fused_attn and not output_attentions
-        bias_batch = B if mask is not None else encoding.bias_batch(state, B)  # a mask makes a bias per sample
-        if fused and "bias" in encoding.mechanisms and blockwise(T, bias_batch * self.num_heads):  # no (H, T, T)
+        # no (heads, T, T) tensor on long sequences; in training, counted by the bias's own leading size (a mask
+        # makes a bias per sample; without one the encoding says whether the batch shares one)
+        if fused and "bias" in encoding.mechanisms and blockwise(
+                T, self.num_heads * (B if mask is not None else encoding.bias_batch(state, B))):
             blocks = encoding_bias_blocks(encoding, self.layer_idx, q, k, state, mask)
             if blocks is not None:
                 out = self.blockwise(q, k, v, blocks).transpose(1, 2).reshape(B, T, D)
