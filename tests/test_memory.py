@@ -63,6 +63,41 @@ def test_blockwise_bias_attention_is_the_whole_bias(encoding, monkeypatch):
     assert calls  # the blockwise path ran
 
 
+@pytest.mark.parametrize("encoding", ["sape2", "sape2_ape"])
+def test_sape2s_whole_bias_in_blocks_of_rows_is_the_whole_bias(encoding, monkeypatch):
+    """On CPU SaPE²'s whole bias is written a block of query rows at a time (``CPU_ROW_BLOCK_BYTES``): the same
+    outputs (written in place without autograd) and gradients (blocks concatenated) as one block."""
+    from pape_hub.encodings import sape2
+
+    model = perturbed(f"vit_t4_{encoding}")
+    x = torch.randn(2, 3, 40, 48, dtype=torch.float64)
+    whole = outputs_and_gradients(model, x)
+    blocks = []
+    rows = sape2.SaPE2.distance_rows
+    monkeypatch.setattr(sape2.SaPE2, "distance_rows", lambda self, v: (lambda *a, **k: blocks.append(a) or
+                                                                       rows(self, v)(*a, **k)))
+    monkeypatch.setattr(sape2, "CPU_ROW_BLOCK_BYTES", 8 * 2 * 2 * 121 * 7)  # 7 rows: blocks that do not divide 121
+    assert_same(outputs_and_gradients(model, x), whole)
+    assert (0, 7) in blocks and (119, 121) in blocks  # the first and the last block
+
+
+def test_sape2s_bias_rows_in_blocks_over_three_axes(monkeypatch):
+    """The same for a video grid's three distance terms, with two prefix tokens: the first block holds both."""
+    from helpers import make_encoding, random_qkx
+
+    from pape_hub.encodings import sape2
+
+    grid = (2, 3, 4)
+    enc = make_encoding("sape2", grid=grid, num_prefix=2)
+    q, k, _ = random_qkx(2 + 24)
+    state = enc.prepare(base.grid_positions(grid, 2, dtype=torch.float64))
+    with torch.no_grad():
+        whole = enc.attn_bias(0, q, k, state)
+        monkeypatch.setattr(sape2, "CPU_ROW_BLOCK_BYTES", 8 * q.shape[0] * q.shape[1] * 26 * 5)  # 5 rows a block
+        torch.testing.assert_close(enc.attn_bias(0, q, k, state), whole, rtol=0, atol=0)
+    assert whole[..., :2, :].eq(0).all() and whole[..., :2].eq(0).all() and whole[..., 2:, 2:].gt(0).any()
+
+
 @pytest.mark.parametrize("encoding", ["alibi", "lookhere"])
 def test_blockwise_attention_with_padding_gives_each_image_its_own_logits(encoding, monkeypatch):
     from timm.data.naflex_transforms import patchify_image

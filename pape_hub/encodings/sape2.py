@@ -26,7 +26,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -70,6 +69,13 @@ def contextual_position_logits(
 #: small (1 MB each). Where the whole (B, heads, N, N) bias is formed, every line goes at once: all of a temporary is
 #: (B, heads, N, L), a fraction L/N of that bias, and each block costs some fifteen kernel launches (a GPU's time)
 LINE_BLOCK_ELEMENTS = 1 << 18
+#: bytes of one block of query rows' (B, heads, rows, N) distance temporaries where the whole bias is formed on CPU.
+#: Formed at once, each N x N temporary (both axes' ``cdist``, their sum, the padded bias) is a fresh allocation in
+#: every layer, which glibc maps anew: faulting those pages in cost more than the distances themselves (ViT-B/16,
+#: 448 px, batch 2: the model at 1.9-2.2x timm's ViT-B with the bias at once, 1.7-1.8x in blocks). Blocks this small
+#: are reused from the heap; only the bias itself is new. A GPU's caching allocator has no such cost, and there each
+#: block would cost kernel launches: one block
+CPU_ROW_BLOCK_BYTES = 8 << 20
 
 
 def lines_in_blocks(q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, scale: float, key_mode: bool,
@@ -198,8 +204,19 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
 
     def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor:
         """(B, heads, P+N, P+N). Per-token inputs are scattered onto their grid first (empty cells gate nothing,
-        positions past a sample's own grid count for nothing), then read back in the tokens' order."""
-        return self.distance_rows(self.sape_vectors(layer, q, k, state))(0, q.shape[-2])
+        positions past a sample's own grid count for nothing), then read back in the tokens' order. On CPU the
+        distances are taken a block of query rows at a time (:data:`CPU_ROW_BLOCK_BYTES`); the values are the same."""
+        rows = self.distance_rows(self.sape_vectors(layer, q, k, state))
+        B, H, T, _ = q.shape
+        step = T if q.device.type != "cpu" else max(1, CPU_ROW_BLOCK_BYTES // (B * H * T * q.element_size()))
+        if step >= T:
+            return rows(0, T)
+        if torch.is_grad_enabled():  # autograd would copy the whole gradient for every block written in place
+            return torch.cat([rows(start, min(start + step, T)) for start in range(0, T, step)], dim=2)
+        bias = q.new_empty(B, H, T, T)
+        for start in range(0, T, step):
+            rows(start, min(start + step, T), out=bias[:, :, start : start + step])
+        return bias
 
     def attn_bias_rows(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any
                        ) -> Callable[[int, int], torch.Tensor]:
@@ -212,19 +229,30 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
             else self.sape_vectors(layer, q, k, state, LINE_BLOCK_ELEMENTS)
         return self.distance_rows(vectors)
 
-    def distance_rows(self, vectors: list[torch.Tensor]) -> Callable[[int, int], torch.Tensor]:
+    def distance_rows(self, vectors: list[torch.Tensor]) -> Callable[..., torch.Tensor]:
         """Eq. 16 from every patch token's SaPE vectors ((B, H, N, L) per axis): rows ``start:stop`` of the bias,
         (B, H, rows, P+N), the sum over axes of the distances, divided by sqrt(d) too (the vectors are scaled first:
-        ||s a - s b|| = s ||a - b||). Prefix rows and columns get no bias."""
+        ||s a - s b|| = s ||a - b||). Prefix rows and columns get no bias. Rows are written into ``out`` where given
+        (a block of the whole bias), else into a block of their own."""
         p = self.ctx.num_prefix_tokens
         vectors = [v * self.ctx.head_dim**-0.5 for v in vectors]
 
-        def rows(start: int, stop: int) -> torch.Tensor:
+        def rows(start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
             first = max(start, p) - p  # the block's patch rows
-            distance = pairwise_l2(vectors[0][:, :, first : stop - p], vectors[0])  # (B, H, r', N)
-            for v in vectors[1:]:  # summed pairwise: no zero to start from, one N x N pass fewer than sum()
-                distance = distance + pairwise_l2(v[:, :, first : stop - p], v)
-            return F.pad(distance, (p, 0, stop - start - distance.shape[-2], 0))
+            patch = [pairwise_l2(v[:, :, first : stop - p], v) for v in vectors]  # per axis (B, H, r', N)
+            B, H, patch_rows, N = patch[0].shape
+            out = patch[0].new_empty(B, H, stop - start, p + N) if out is None else out
+            head = stop - start - patch_rows  # prefix rows in the block: no bias, as the prefix columns
+            out[:, :, :head].zero_()
+            out[:, :, head:, :p].zero_()
+            partial = patch[0]
+            for d in patch[1:-1]:  # summed pairwise: no zero to start from
+                partial = partial + d
+            if torch.is_grad_enabled():  # out= has no autograd; a copy into the block has
+                out[:, :, head:, p:].copy_(partial + patch[-1])
+            else:  # the last sum written in place: no (B, H, r', N) temporary
+                torch.add(partial, patch[-1], out=out[:, :, head:, p:])
+            return out
 
         return rows
 
