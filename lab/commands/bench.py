@@ -14,6 +14,7 @@ import argparse
 import gc
 import json
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -170,7 +171,12 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int, sy
                 ) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {k: [] for k in fns}
     for round_ in range(warmup + repeats):
-        for key, fn in fns.items():
+        # each round in its own (seeded) order, so that no call is always timed after the same one (whatever a call
+        # leaves behind, the allocator's state or the caches, falls on different calls in different rounds)
+        keys = list(fns)
+        random.Random(round_).shuffle(keys)
+        for key in keys:
+            fn = fns[key]
             sync()
             start = time.perf_counter()
             fn()
