@@ -30,6 +30,16 @@ def test_compile_full_graph(encoding):
     assert all(p.grad is not None for p in model.parameters())
 
 
+@pytest.mark.parametrize("encoding", ["sape2", "sape2_ape"])
+def test_compiled_inference_is_one_graph(encoding):
+    """Without gradients SaPE² writes its bias in place on eager CPU (an ``out=`` that would break a graph)."""
+    torch.manual_seed(0)
+    model = timm.create_model(f"vit_t4_{encoding}", embed_dim=32, depth=2, num_heads=2).eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, fullgraph=True, backend="eager")(x), model(x))
+
+
 @pytest.mark.parametrize("encoding", ["pape_ri", "liere8", "alibi"])
 def test_inductor_forward_and_backward(encoding):
     """The default backend end to end (slow to compile on CPU, so a few encodings of each mechanism)."""

@@ -248,8 +248,8 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
             partial = patch[0]
             for d in patch[1:-1]:  # summed pairwise: no zero to start from
                 partial = partial + d
-            if torch.is_grad_enabled():  # out= has no autograd; a copy into the block has
-                out[:, :, head:, p:].copy_(partial + patch[-1])
+            if torch.is_grad_enabled() or torch.compiler.is_compiling():  # out= has no autograd, and a strided out=
+                out[:, :, head:, p:].copy_(partial + patch[-1])  # breaks a compiled graph; a copy has neither problem
             else:  # the last sum written in place: no (B, H, r', N) temporary
                 torch.add(partial, patch[-1], out=out[:, :, head:, p:])
             return out
