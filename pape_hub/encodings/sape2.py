@@ -72,9 +72,9 @@ LINE_BLOCK_ELEMENTS = 1 << 18
 #: bytes of one block of query rows' (B, heads, rows, N) distance temporaries where the whole bias is formed on CPU.
 #: Formed at once, each N x N temporary (both axes' ``cdist``, their sum, the padded bias) is a fresh allocation in
 #: every layer, which glibc maps anew: faulting those pages in cost more than the distances themselves (ViT-B/16,
-#: 448 px, batch 2: the model at 1.9-2.2x timm's ViT-B with the bias at once, 1.7-1.8x in blocks). Blocks this small
-#: are reused from the heap; only the bias itself is new. A GPU's caching allocator has no such cost, and there each
-#: block would cost kernel launches: one block
+#: 448 px, batch 2, `python -m lab bench`: 2.42x timm's ViT-B with the bias at once, 1.52x in blocks; docs/speed.md).
+#: Blocks this small are reused from the heap; only the bias itself is new. A GPU's caching allocator has no such
+#: cost, and there each block would cost kernel launches: one block
 CPU_ROW_BLOCK_BYTES = 8 << 20
 
 
