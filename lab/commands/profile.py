@@ -2,9 +2,11 @@
 ``torch.profiler`` with the encoding's hooks (``prepare``, ``add_to_tokens``, ``transform_qk``, ``attn_bias``) wrapped
 in profiler ranges from the outside. Inside those ranges it counts the aten operators that do work (views such as
 ``reshape`` of a contiguous tensor, ``expand`` or ``transpose`` are not counted; each counted operator is at least one
-kernel launch on a GPU, where launch overhead dominates small batches) and the bytes they move (inputs read, from the
-recorded shapes, plus outputs allocated; dtype from the model's compute dtype). These numbers do not depend on the
-device; on a GPU the same operators become kernels. It also reports the head width SDPA sees and its kernel.
+kernel launch on a GPU, where launch overhead dominates small batches) and the bytes they allocate (the tensors they
+write anew: every such byte is written once and read at least once). These numbers do not depend on the device; on a
+GPU the same operators become kernels. It also reports the head width SDPA sees and its kernel. Shapes are not
+recorded: the profiler's shape records held tens of GB over dense LieRE's training step (ViT-B/16, 224 px), which
+ran out of memory on a 24 GB machine.
 
 Example:
     python -m lab profile --size b --res 224 --batch-size 1 --output results/profile_vit_b16_224.json
@@ -61,18 +63,9 @@ def wrap_hooks(encoding: Any) -> None:
         setattr(encoding, hook, ranged)
 
 
-def _bytes(event: Any, element_size: int) -> int:
-    inputs = sum(_numel(shape) for shape in (event.input_shapes or []) if shape)
-    return inputs * element_size + max(0, event.self_cpu_memory_usage)
-
-
-def _numel(shape: Any) -> int:
-    if not isinstance(shape, (list, tuple)) or not all(isinstance(v, int) for v in shape):
-        return 0
-    out = 1
-    for v in shape:
-        out *= v
-    return out
+def _bytes(event: Any) -> int:
+    """Bytes the operator allocated itself (its new outputs; in-place writes and reads are not counted)."""
+    return max(0, event.self_cpu_memory_usage)
 
 
 def _working(event: Any) -> bool:
@@ -90,7 +83,7 @@ def _enclosing_hook(event: Any) -> str | None:
     return None
 
 
-def count(prof: Any, element_size: int) -> dict[str, Any]:
+def count(prof: Any) -> dict[str, Any]:
     """Kernels and bytes per positional hook: forward operators inside the hook's range, and backward operators
     of the autograd nodes those forward operators created (matched by sequence number)."""
     per_hook: dict[str, dict[str, float]] = defaultdict(lambda: dict(calls=0, kernels=0, bytes=0,
@@ -109,7 +102,7 @@ def count(prof: Any, element_size: int) -> dict[str, Any]:
             forward_nodes[event.sequence_nr] = hook
         if _working(event):
             per_hook[hook]["kernels"] += 1
-            per_hook[hook]["bytes"] += _bytes(event, element_size)
+            per_hook[hook]["bytes"] += _bytes(event)
     for event in events:  # backward: operators under an autograd node made by a positional forward operator
         if not _working(event):
             continue
@@ -119,7 +112,7 @@ def count(prof: Any, element_size: int) -> dict[str, Any]:
         if parent is not None and parent.sequence_nr in forward_nodes:
             hook = forward_nodes[parent.sequence_nr]
             per_hook[hook]["backward_kernels"] += 1
-            per_hook[hook]["backward_bytes"] += _bytes(event, element_size)
+            per_hook[hook]["backward_bytes"] += _bytes(event)
     return dict(hooks={k: dict(v) for k, v in per_hook.items()}, sdpa=sorted(sdpa))
 
 
@@ -149,12 +142,12 @@ def profile_model(name: str, args: argparse.Namespace, train: bool) -> dict[str,
     model.train(train)
     with torch.set_grad_enabled(train):
         model(x)  # warm caches and allocator outside the profile
-        with quiet_stderr(), profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+        with quiet_stderr(), profile(activities=[ProfilerActivity.CPU], record_shapes=False,
                                      profile_memory=True) as prof:
             out = model(x)
             if train:
                 out.float().logsumexp(-1).mean().backward()
-    counted = count(prof, element_size=4)
+    counted = count(prof)
     hooks = counted["hooks"]
     layer_hooks = ("transform_qk", "attn_bias")
 
@@ -262,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
     encodings = list_encodings() if args.encodings == "all" else args.encodings.split(",")
     rows: dict[str, Any] = {}
     print(f"ViT-{args.size.upper()}/16 at {args.res} px, batch {args.batch_size}; positional work per layer "
-          "(aten kernels that do work, MB moved), forward / training step", flush=True)
+          "(aten kernels that do work, MB they allocate), forward / training step", flush=True)
     print(f"{'encoding':<12} {'fwd kernels':>11} {'fwd MB':>8} {'train fwd+bwd kernels':>21} {'train MB':>9} "
           f"{'once':>5} {'head':>5} {'bf16 calls':>10} {'fp32 mm %':>9}  sdpa")
     for enc in encodings:

@@ -158,8 +158,9 @@ def profile_block(results: Path, name: str) -> str:
     data = load(results, name)
     if data is None:
         return f"_Not measured yet: `results/{name}` is missing._\n"
-    lines = ["| encoding | forward kernels / layer | forward MB / layer | training-step kernels / layer | "
-             "training-step MB / layer | head width in SDPA | bf16 calls / forward | × `ape` | float32 matmul |",
+    lines = ["| encoding | forward kernels / layer | forward MB allocated / layer | training-step kernels / layer | "
+             "training-step MB allocated / layer | head width in SDPA | bf16 calls / forward | × `ape` | "
+             "float32 matmul |",
              "|---|---|---|---|---|---|---|---|---|"]
     ape = data["rows"].get("ape", {}).get("autocast", {}).get("calls")
     for enc, row in data["rows"].items():
@@ -172,8 +173,8 @@ def profile_block(results: Path, name: str) -> str:
                      f"{train_kernels:.0f} | {train_mb:.1f} | {fwd['head_width']} | {counted} |")
     lines += ["", f"ViT-{data['size'].upper()}/16 at {data['resolution']} px, batch {data['batch_size']}, float32: "
               "aten operators that do work inside the encoding's hooks per layer (views not counted; backward "
-              "matched through autograd) and the bytes they read and write. Under bf16 autocast: every aten call "
-              "of one forward (views too: each is a dispatch, and on a GPU at small batches launches dominate) "
+              "matched through autograd) and the bytes of the tensors they allocate. Under bf16 autocast: every aten "
+              "call of one forward (views too: each is a dispatch, and on a GPU at small batches launches dominate) "
               "and the share of matrix-product FLOPs left in float32 (device-independent counts, which "
               f"`tests/test_gpu_ready.py` holds). {provenance_line(data)}"]
     return "\n".join(lines) + "\n"
