@@ -92,10 +92,32 @@ def test_sape2s_bias_rows_in_blocks_over_three_axes(monkeypatch):
     q, k, _ = random_qkx(2 + 24)
     state = enc.prepare(base.grid_positions(grid, 2, dtype=torch.float64))
     with torch.no_grad():
-        whole = enc.attn_bias(0, q, k, state)
+        whole = enc.attn_bias(0, q, k, state).clone()  # the next call with this state overwrites it (SaPE2State)
         monkeypatch.setattr(sape2, "CPU_ROW_BLOCK_BYTES", 8 * q.shape[0] * q.shape[1] * 26 * 5)  # 5 rows a block
         torch.testing.assert_close(enc.attn_bias(0, q, k, state), whole, rtol=0, atol=0)
     assert whole[..., :2, :].eq(0).all() and whole[..., :2].eq(0).all() and whole[..., 2:, 2:].gt(0).any()
+
+
+def test_sape2s_layers_write_one_bias_memory_on_cpu_inference(monkeypatch):
+    """On CPU without gradients every layer of a forward writes its whole bias into one memory (a fresh bias in each
+    layer was mapped and faulted in anew), with the outputs of a fresh bias a layer, bit for bit. The control: a caller
+    that keeps one layer's bias sees the next layer's, as documented."""
+    from pape_hub.encodings import sape2
+
+    model = perturbed("vit_t4_sape2").eval()
+    x = torch.randn(2, 3, 40, 48, dtype=torch.float64)
+    made = []
+    attn_bias = sape2.SaPE2.attn_bias
+    monkeypatch.setattr(sape2.SaPE2, "attn_bias", lambda *a: made.append(attn_bias(*a)) or made[-1])
+    with torch.no_grad():
+        shared = model(x)
+        monkeypatch.setattr(sape2.SaPE2State, "bias_out", lambda self, like, shape: like.new_empty(shape))
+        separate = model(x)
+    depth = len(model.blocks)
+    assert len(made) == 2 * depth
+    assert len({bias.data_ptr() for bias in made[:depth]}) == 1  # one memory for every layer
+    torch.testing.assert_close(shared, separate, rtol=0, atol=0)
+    assert torch.equal(made[0], made[depth - 1]) and not torch.equal(made[depth], made[2 * depth - 1])
 
 
 @pytest.mark.parametrize("encoding", ["alibi", "lookhere"])

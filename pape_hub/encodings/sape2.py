@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,7 +35,7 @@ from .absolute import AddsLearnedTable
 from .base import EncodingContext, PositionEncoding, TokenPositions
 from .registry import register_encoding
 
-__all__ = ["SaPE2"]
+__all__ = ["SaPE2", "SaPE2State"]
 
 
 def contextual_position_logits(
@@ -73,9 +74,34 @@ LINE_BLOCK_ELEMENTS = 1 << 18
 #: Formed at once, each N x N temporary (both axes' ``cdist``, their sum, the padded bias) is a fresh allocation in
 #: every layer, which glibc maps anew: faulting those pages in cost more than the distances themselves (ViT-B/16,
 #: 448 px, batch 2, `python -m lab bench`: 2.42x timm's ViT-B with the bias at once, 1.52x in blocks; docs/speed.md).
-#: Blocks this small are reused from the heap; only the bias itself is new. A GPU's caching allocator has no such
-#: cost, and there each block would cost kernel launches: one block
+#: Blocks this small are reused from the heap, and the bias itself is written into one forward's memory
+#: (:attr:`SaPE2State.bias_memory`). A GPU's caching allocator has no such cost, and there each block would cost kernel
+#: launches: one block
 CPU_ROW_BLOCK_BYTES = 8 << 20
+
+
+@dataclass
+class SaPE2State:
+    """What the layers of one forward share (:meth:`SaPE2.prepare`).
+
+    ``grid``: (rows, cols) or (T, rows, cols); ``plan``: where per-token inputs sit on that grid
+    (:func:`scatter_plan`), None where the batch shares one grid. ``bias_memory``: on CPU without gradients, the
+    (B, heads, T, T) memory every layer writes its whole bias into, made by the first layer. A fresh bias in every layer
+    cost more than its distances: over glibc's largest heap block (32 MB; ViT-B/16 at 448 px from batch 2) each is
+    mapped and faulted in anew, 0.3 s of a 2.3 s forward. So on CPU without gradients each :meth:`SaPE2.attn_bias`
+    call with this state overwrites the bias the previous call returned: the model's attention uses every layer's bias
+    before the next layer makes its own; a caller who keeps one takes a copy."""
+
+    grid: tuple[int, ...]
+    plan: dict[str, Any] | None = None
+    bias_memory: torch.Tensor | None = None
+
+    def bias_out(self, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """This forward's bias memory in ``shape``, ``like``'s dtype and device (made anew where those change)."""
+        memory = self.bias_memory
+        if memory is None or memory.shape != shape or memory.dtype != like.dtype or memory.device != like.device:
+            memory = self.bias_memory = like.new_empty(shape)
+        return memory
 
 
 def lines_in_blocks(q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, scale: float, key_mode: bool,
@@ -195,30 +221,34 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
         """The position-logit tables (and APE's table) are position parameters: no weight decay."""
         return {"pos_emb"} | self.table_no_weight_decay()
 
-    def prepare(self, pos: TokenPositions) -> tuple[int, ...] | dict[str, Any]:
+    def prepare(self, pos: TokenPositions) -> SaPE2State:
         """The shared grid (rows, cols) / (T, rows, cols); for per-token coordinates, where each token sits on a
         grid that holds every sample (:func:`scatter_plan`)."""
         if not pos.per_sample:
-            return self.require_grid(pos, "sape2")
-        return scatter_plan(pos)
+            return SaPE2State(self.require_grid(pos, "sape2"))
+        plan = scatter_plan(pos)
+        return SaPE2State(plan["grid"], plan)
 
-    def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any) -> torch.Tensor:
+    def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: SaPE2State) -> torch.Tensor:
         """(B, heads, P+N, P+N). Per-token inputs are scattered onto their grid first (empty cells gate nothing,
         positions past a sample's own grid count for nothing), then read back in the tokens' order. On CPU the
-        distances are taken a block of query rows at a time (:data:`CPU_ROW_BLOCK_BYTES`); the values are the same."""
+        distances are taken a block of query rows at a time (:data:`CPU_ROW_BLOCK_BYTES`), and without gradients
+        written into the forward's bias memory, which the next call overwrites (:class:`SaPE2State`); the values are
+        the same."""
         rows = self.distance_rows(self.sape_vectors(layer, q, k, state))
         B, H, T, _ = q.shape
-        step = T if q.device.type != "cpu" else max(1, CPU_ROW_BLOCK_BYTES // (B * H * T * q.element_size()))
-        if step >= T:
+        if q.device.type != "cpu":
             return rows(0, T)
+        step = max(1, CPU_ROW_BLOCK_BYTES // (B * H * T * q.element_size()))
         if torch.is_grad_enabled():  # autograd would copy the whole gradient for every block written in place
-            return torch.cat([rows(start, min(start + step, T)) for start in range(0, T, step)], dim=2)
-        bias = q.new_empty(B, H, T, T)
+            return rows(0, T) if step >= T else torch.cat(
+                [rows(start, min(start + step, T)) for start in range(0, T, step)], dim=2)
+        bias = q.new_empty(B, H, T, T) if torch.compiler.is_compiling() else state.bias_out(q, (B, H, T, T))
         for start in range(0, T, step):
             rows(start, min(start + step, T), out=bias[:, :, start : start + step])
         return bias
 
-    def attn_bias_rows(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any
+    def attn_bias_rows(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: SaPE2State
                        ) -> Callable[[int, int], torch.Tensor]:
         """The SaPE vectors of every token are made once per layer ((B, H, N, L) per axis, no N x N), then each
         block of query rows takes its distances to every key."""
@@ -256,13 +286,12 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
 
         return rows
 
-    def sape_vectors(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any,
+    def sape_vectors(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: SaPE2State,
                      line_block: int | None = None) -> list[torch.Tensor]:
         """Per axis (x, y(, t)), every patch token's SaPE vector: (B, H, N, L), the interpolated position logits of
         the positions along its line (eqs. 9-15); the lines ``line_block`` gates at a time (:func:`lines_in_blocks`)."""
         p, scale = self.ctx.num_prefix_tokens, self.ctx.head_dim**-0.5
-        plan = state if isinstance(state, dict) else None
-        grid = tuple(plan["grid"] if plan else state)  # (rows, cols) or (T, rows, cols)
+        plan, grid = state.plan, tuple(state.grid)  # grid: (rows, cols) or (T, rows, cols)
         q, k = q[:, :, p:], k[:, :, p:]
         present = inside = None
         if plan is not None:  # (B, H, N, d) -> (B, H, cells, d), each token at its cell
