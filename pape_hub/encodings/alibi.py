@@ -233,7 +233,7 @@ class LookHere(PositionEncoding):
             [self.global_slope * head_slope(v, i) for v, i in self.heads], dtype=c.dtype, device=c.device)
         bias = -slopes[:, None, None] * pairwise_distance(c, other)[..., None, :, :]
         visible = torch.stack([_VIEWS[v](dx, dy) for v in self.views], dim=-3)  # (..., heads, N, M)
-        return bias.masked_fill(~visible, float("-inf"))
+        return bias.masked_fill_(~visible, float("-inf"))
 
     def prepare(self, pos: TokenPositions) -> torch.Tensor | BiasCoords:
         """The layer-free bias, cached per grid; for long sequences the coordinates (:func:`blockwise`)."""
@@ -252,7 +252,7 @@ class LookHere(PositionEncoding):
         if isinstance(state, BiasCoords):
             def rows(start: int, stop: int) -> torch.Tensor:
                 queries, keys, both = state.rows(start, stop)
-                base = self.base_bias(queries, keys).masked_fill(~both, 0.0)  # prefix rows and columns: no bias
+                base = self.base_bias(queries, keys).masked_fill_(~both, 0.0)  # prefix rows and columns: no bias
                 return self.layer_bias(layer, base, q)
             return rows
         return lambda start, stop: self.layer_bias(layer, state[..., start:stop, :], q)
