@@ -5,7 +5,7 @@ in profiler ranges from the outside. Inside those ranges it counts the aten oper
 kernel launch on a GPU, where launch overhead dominates small batches) and the bytes they allocate (the tensors they
 write anew: every such byte is written once and read at least once). These numbers do not depend on the device; on a
 GPU the same operators become kernels. It also reports the head width SDPA sees and its kernel. Shapes are not
-recorded: the profiler's shape records held tens of GB over dense LieRE's training step (ViT-B/16, 224 px), which
+recorded: the profiler's shape records held over 20 GB during dense LieRE's training step (ViT-B/16, 224 px), which
 ran out of memory on a 24 GB machine.
 
 Example:

@@ -90,9 +90,8 @@ class SaPE2State:
     costs more than its distances: over glibc's largest heap block (32 MB; ViT-B/16 at 448 px from batch 2) each is
     mapped and faulted in anew (`python -m lab bench` at 448 px, back to back: SaPE² at 1.74-1.81x timm's ViT-B with a
     fresh bias a layer, 1.49-1.55x with this memory; docs/speed.md). So on CPU without gradients each
-    :meth:`SaPE2.attn_bias`
-    call with this state overwrites the bias the previous call returned: the model's attention uses every layer's bias
-    before the next layer makes its own; a caller who keeps one takes a copy."""
+    :meth:`SaPE2.attn_bias` call with this state overwrites the bias the previous call returned: the model's attention
+    uses every layer's bias before the next layer makes its own; a caller who keeps one takes a copy."""
 
     grid: tuple[int, ...]
     plan: dict[str, Any] | None = None
