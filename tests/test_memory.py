@@ -65,8 +65,8 @@ def test_blockwise_bias_attention_is_the_whole_bias(encoding, monkeypatch):
 
 @pytest.mark.parametrize("encoding", ["sape2", "sape2_ape"])
 def test_sape2s_whole_bias_in_blocks_of_rows_is_the_whole_bias(encoding, monkeypatch):
-    """On CPU SaPE²'s whole bias is written a block of query rows at a time (``CPU_ROW_BLOCK_BYTES``): the same
-    outputs (written in place without autograd) and gradients (blocks concatenated) as one block."""
+    """On CPU SaPE²'s whole bias is written a block of query rows at a time (``CPU_ROW_BLOCK_BYTES``; without
+    autograd ``IN_PLACE_ROWS_BYTES``, in place): the same outputs and gradients (blocks concatenated) as one block."""
     from pape_hub.encodings import sape2
 
     model = perturbed(f"vit_t4_{encoding}")
@@ -74,9 +74,10 @@ def test_sape2s_whole_bias_in_blocks_of_rows_is_the_whole_bias(encoding, monkeyp
     whole = outputs_and_gradients(model, x)
     blocks = []
     rows = sape2.SaPE2.distance_rows
-    monkeypatch.setattr(sape2.SaPE2, "distance_rows", lambda self, v: (lambda *a, **k: blocks.append(a) or
-                                                                       rows(self, v)(*a, **k)))
+    monkeypatch.setattr(sape2.SaPE2, "distance_rows", lambda self, v, s: (lambda *a, **k: blocks.append(a) or
+                                                                          rows(self, v, s)(*a, **k)))
     monkeypatch.setattr(sape2, "CPU_ROW_BLOCK_BYTES", 8 * 2 * 2 * 121 * 7)  # 7 rows: blocks that do not divide 121
+    monkeypatch.setattr(sape2, "IN_PLACE_ROWS_BYTES", 8 * 2 * 2 * 120 * 7)  # and 7 patch rows without gradients
     assert_same(outputs_and_gradients(model, x), whole)
     assert (0, 7) in blocks and (119, 121) in blocks  # the first and the last block
 
@@ -93,7 +94,7 @@ def test_sape2s_bias_rows_in_blocks_over_three_axes(monkeypatch):
     state = enc.prepare(base.grid_positions(grid, 2, dtype=torch.float64))
     with torch.no_grad():
         whole = enc.attn_bias(0, q, k, state).clone()  # the next call with this state overwrites it (SaPE2State)
-        monkeypatch.setattr(sape2, "CPU_ROW_BLOCK_BYTES", 8 * q.shape[0] * q.shape[1] * 26 * 5)  # 5 rows a block
+        monkeypatch.setattr(sape2, "IN_PLACE_ROWS_BYTES", 8 * q.shape[0] * q.shape[1] * 24 * 5)  # 5 rows a block
         torch.testing.assert_close(enc.attn_bias(0, q, k, state), whole, rtol=0, atol=0)
     assert whole[..., :2, :].eq(0).all() and whole[..., :2].eq(0).all() and whole[..., 2:, 2:].gt(0).any()
 
@@ -111,13 +112,58 @@ def test_sape2s_layers_write_one_bias_memory_on_cpu_inference(monkeypatch):
     monkeypatch.setattr(sape2.SaPE2, "attn_bias", lambda *a: made.append(attn_bias(*a)) or made[-1])
     with torch.no_grad():
         shared = model(x)
-        monkeypatch.setattr(sape2.SaPE2State, "bias_out", lambda self, like, shape: like.new_empty(shape))
+        monkeypatch.setattr(sape2.SaPE2State, "scratch", lambda self, name, like, shape: like.new_empty(shape))
         separate = model(x)
     depth = len(model.blocks)
     assert len(made) == 2 * depth
     assert len({bias.data_ptr() for bias in made[:depth]}) == 1  # one memory for every layer
     torch.testing.assert_close(shared, separate, rtol=0, atol=0)
     assert torch.equal(made[0], made[depth - 1]) and not torch.equal(made[depth], made[2 * depth - 1])
+
+
+def test_sape2s_blocks_share_one_memory_on_cpu_inference(monkeypatch):
+    """On the blockwise path without gradients every block of bias rows, in every layer, is written into one memory,
+    with its distances in cdist's matmul form made from factors kept per layer: the outputs of fresh blocks from
+    ``torch.cdist``, bit for bit. The control: fresh blocks are separate tensors."""
+    from pape_hub.encodings import sape2
+
+    model = perturbed("vit_t4_sape2").eval()
+    x = torch.randn(2, 3, 40, 48, dtype=torch.float64)
+    monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
+    monkeypatch.setattr(attention, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
+    made = []
+    distance_rows = sape2.SaPE2.distance_rows
+
+    def recording(self, vectors, state):
+        rows = distance_rows(self, vectors, state)
+        return lambda *a, **k: made.append(rows(*a, **k)) or made[-1]
+
+    monkeypatch.setattr(sape2.SaPE2, "distance_rows", recording)
+    with torch.no_grad():
+        shared = model(x)
+        blocks = len(made)
+        monkeypatch.setattr(sape2, "CDIST_MM_FROM", 10**9)  # torch.cdist itself
+        monkeypatch.setattr(sape2.SaPE2State, "scratch", lambda self, name, like, shape: like.new_empty(shape))
+        separate = model(x)
+    assert blocks == 2 * 18 and len(made) == 2 * blocks  # two layers of 18 blocks, twice
+    assert len({block.data_ptr() for block in made[:blocks]}) == 1  # one memory for every block of every layer
+    assert len({block.data_ptr() for block in made[blocks:]}) > 1
+    torch.testing.assert_close(shared, separate, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gram_distances_are_cdists_bit_for_bit(dtype):
+    """SaPE²'s distances from factors made once per layer are torch.cdist's from :data:`CDIST_MM_FROM` points, bit for
+    bit, written into the memory given. The control: cdist's direct differences give other values."""
+    from pape_hub.encodings import sape2
+
+    v = torch.randn(2, 3, 40, 7, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    queries, keys = sape2.gram_factors(v)
+    out = torch.empty(2, 3, 13, 40, dtype=dtype)
+    got = sape2.gram_distances_into(out, queries[:, :, 5:18], keys)
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.equal(got, torch.cdist(v[:, :, 5:18], v))
+    assert not torch.equal(got, torch.cdist(v[:, :, 5:18], v, compute_mode="donot_use_mm_for_euclid_dist"))
 
 
 @pytest.mark.parametrize("encoding", ["alibi", "lookhere"])
@@ -150,6 +196,7 @@ def test_per_layer_state_on_large_grids_is_the_all_layer_state(encoding, monkeyp
         monkeypatch.setattr(module, "STATE_BYTES", 1000)
     monkeypatch.setattr(liere, "CACHE_BYTES", 1000)
     monkeypatch.setattr(liere, "BLOCK_BYTES", 20_000)  # LieRE's rotations a few tokens at a time
+    monkeypatch.setattr(liere, "INFERENCE_BLOCK_BYTES", 30_000)  # and without gradients, into the output
     assert_same(outputs_and_gradients(model, x), all_layers)
 
 

@@ -38,7 +38,7 @@ from .base import (
 )
 from .registry import register_encoding
 
-__all__ = ["BLOCK_BYTES", "CACHE_BYTES", "LieRE", "skew_symmetric"]
+__all__ = ["BLOCK_BYTES", "CACHE_BYTES", "INFERENCE_BLOCK_BYTES", "LieRE", "skew_symmetric"]
 
 #: every layer's rotations are cached across forwards (at inference, per grid) while together they take at most this
 #: many bytes (they cost a matrix_exp per token, head and block to remake); above, each layer makes its own in every
@@ -46,8 +46,14 @@ __all__ = ["BLOCK_BYTES", "CACHE_BYTES", "LieRE", "skew_symmetric"]
 #: 896 px needs 462 MB to stay cached (5x a plain ViT's peak), dense LieRE at ViT-B/16 224 px 465 MB (without it, 3.3x
 #: timm's ViT-B time). Raise it where time matters more than memory
 CACHE_BYTES = 256 << 20
-#: rotations made at a time on a large grid (matrix_exp's temporaries are several times as large)
+#: rotations made at a time on a large grid in training, each block checkpointed (matrix_exp's temporaries are several
+#: times as large)
 BLOCK_BYTES = 4 << 20
+#: the same without gradients, each block's rotated queries and keys written straight into the layer's output. Smaller:
+#: glibc keeps the freed temporaries of matrix_exp on its heap, and resident memory grew with the block (dense LieRE,
+#: ViT-S/16 at 896 px, back to back: 311-444 MB with 4 MB blocks kept in a list, 109-116 MB with 1 MB blocks written
+#: into the output, in the same time; `ape` 111 MB; docs/speed.md)
+INFERENCE_BLOCK_BYTES = 1 << 20
 
 
 def skew_symmetric(raw: torch.Tensor) -> torch.Tensor:
@@ -174,13 +180,19 @@ class LieRE(PositionEncoding):
                 if torch.is_grad_enabled() and self.generators.requires_grad else self.rotate_block(qk, coords, layer)
         # a large grid: the rotations of a block of tokens, used and dropped; in training each block is recomputed
         # in backward (checkpointed), so matrix_exp's intermediates never cover every token
+        if not torch.is_grad_enabled():  # each block straight into the output: nothing but the output outlives a block
+            step = max(1, tokens * INFERENCE_BLOCK_BYTES // size)
+            out = torch.empty_like(qk)
+            for start in range(0, tokens, step):
+                out[..., start : start + step, :] = self.rotate_block(
+                    qk[..., start : start + step, :], coords[..., start : start + step, :], layer)
+            return out
         step = max(1, tokens * BLOCK_BYTES // size)
         blocks = []
         for start in range(0, tokens, step):
             part = qk[..., start : start + step, :]
             block = coords[..., start : start + step, :]
-            blocks.append(checkpoint(self.rotate_block, part, block, layer, use_reentrant=False)
-                          if torch.is_grad_enabled() else self.rotate_block(part, block, layer))
+            blocks.append(checkpoint(self.rotate_block, part, block, layer, use_reentrant=False))
         return torch.cat(blocks, dim=-2)
 
     def rotate_block(self, qk: torch.Tensor, coords: torch.Tensor, layer: int) -> torch.Tensor:

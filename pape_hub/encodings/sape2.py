@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -70,14 +70,23 @@ def contextual_position_logits(
 #: small (1 MB each). Where the whole (B, heads, N, N) bias is formed, every line goes at once: all of a temporary is
 #: (B, heads, N, L), a fraction L/N of that bias, and each block costs some fifteen kernel launches (a GPU's time)
 LINE_BLOCK_ELEMENTS = 1 << 18
-#: bytes of one block of query rows' (B, heads, rows, N) distance temporaries where the whole bias is formed on CPU.
-#: Formed at once, each N x N temporary (both axes' ``cdist``, their sum, the padded bias) is a fresh allocation in
-#: every layer, which glibc maps anew: faulting those pages in cost more than the distances themselves (ViT-B/16,
-#: 448 px, batch 2, `python -m lab bench`: 2.42x timm's ViT-B with the bias at once, 1.52x in blocks; docs/speed.md).
-#: Blocks this small are reused from the heap, and the bias itself is written into one forward's memory
-#: (:attr:`SaPE2State.bias_memory`). A GPU's caching allocator has no such cost, and there each block would cost kernel
-#: launches: one block
+#: bytes of one block of query rows' (B, heads, rows, N) distance temporaries where the whole bias is formed on CPU
+#: with gradients. Formed at once, each N x N temporary (both axes' ``cdist``, their sum, the padded bias) is a fresh
+#: allocation in every layer, which glibc maps anew: faulting those pages in cost more than the distances themselves
+#: (ViT-B/16, 448 px, batch 2, `python -m lab bench`: 2.42x timm's ViT-B with the bias at once, 1.52x in blocks;
+#: docs/speed.md). Blocks this small are reused from the heap. A GPU's caching allocator has no such cost, and there
+#: each block would cost kernel launches: one block
 CPU_ROW_BLOCK_BYTES = 8 << 20
+#: bytes of one chunk of query rows' (B, heads, rows, N) distances per axis where they are written in place (CPU, no
+#: gradients: :class:`SaPE2State`): the forward's distance memories stay this small, and a chunk stays in a core's cache
+#: between its matmul, its square root and the sum
+IN_PLACE_ROWS_BYTES = 2 << 20
+
+
+#: torch.cdist's matmul form (``use_mm_for_euclid_dist_if_necessary``) from this many points on a side; below it takes
+#: direct differences. :func:`gram_distances_into` takes the same form from the same size, so its distances are cdist's
+#: bit for bit
+CDIST_MM_FROM = 26
 
 
 @dataclass
@@ -85,24 +94,27 @@ class SaPE2State:
     """What the layers of one forward share (:meth:`SaPE2.prepare`).
 
     ``grid``: (rows, cols) or (T, rows, cols); ``plan``: where per-token inputs sit on that grid
-    (:func:`scatter_plan`), None where the batch shares one grid. ``bias_memory``: on CPU without gradients, the
-    (B, heads, T, T) memory every layer writes its whole bias into, made by the first layer. A fresh bias in every layer
-    costs more than its distances: over glibc's largest heap block (32 MB; ViT-B/16 at 448 px from batch 2) each is
-    mapped and faulted in anew (`python -m lab bench` at 448 px, back to back: SaPE² at 1.74-1.81x timm's ViT-B with a
-    fresh bias a layer, 1.49-1.55x with this memory; docs/speed.md). So on CPU without gradients each
-    :meth:`SaPE2.attn_bias` call with this state overwrites the bias the previous call returned: the model's attention
-    uses every layer's bias before the next layer makes its own; a caller who keeps one takes a copy."""
+    (:func:`scatter_plan`), None where the batch shares one grid. ``memory``: on CPU without gradients, the named
+    memories every layer writes its bias, its blocks of bias rows and their distances into (:meth:`scratch`), made
+    by the first layer that needs them. A fresh N x N tensor in every layer costs more than its distances: over
+    glibc's largest heap block (32 MB; ViT-B/16 at 448 px from batch 2) each is mapped and faulted in anew, and
+    under it the freed blocks of the blockwise path stay resident (docs/speed.md gives both, measured). So on CPU
+    without gradients each :meth:`SaPE2.attn_bias` call with this state overwrites the bias the previous call
+    returned, and each block of :meth:`SaPE2.attn_bias_rows` the one before: the model's attention uses each before
+    the next is made; a caller who keeps one takes a copy."""
 
     grid: tuple[int, ...]
     plan: dict[str, Any] | None = None
-    bias_memory: torch.Tensor | None = None
+    memory: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def bias_out(self, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        """This forward's bias memory in ``shape``, ``like``'s dtype and device (made anew where those change)."""
-        memory = self.bias_memory
-        if memory is None or memory.shape != shape or memory.dtype != like.dtype or memory.device != like.device:
-            memory = self.bias_memory = like.new_empty(shape)
-        return memory
+    def scratch(self, name: str, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """A contiguous ``shape`` tensor in ``like``'s dtype and device: the start of this forward's memory ``name``,
+        made anew only where it is too small or the dtype or device change (a last, shorter block reuses it)."""
+        size = math.prod(shape)
+        memory = self.memory.get(name)
+        if memory is None or memory.numel() < size or memory.dtype != like.dtype or memory.device != like.device:
+            memory = self.memory[name] = like.new_empty(size)
+        return memory[:size].view(shape)
 
 
 def lines_in_blocks(q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, scale: float, key_mode: bool,
@@ -134,6 +146,42 @@ def pairwise_l2(x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
     if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
         return torch.cdist(x.float(), y.float()).to(x.dtype)
     return torch.cdist(x, y)
+
+
+def gram_factors(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., N, L) -> the factors of every squared distance, torch.cdist's own matmul form: queries (..., N, L + 2)
+    [-2 v, |v|^2, 1] and keys (..., L + 2, N) [v, 1, |v|^2] transposed, so that queries @ keys = |a|^2 - 2 a.b + |b|^2.
+    Made once per layer, where cdist would make the keys' side again for every block of query rows; the keys stay a
+    transposed view, as cdist passes them, so that the matmul is the same kernel with the same bits."""
+    norm = v.pow(2).sum(-1, keepdim=True)
+    ones = torch.ones_like(norm)
+    return torch.cat([v.mul(-2), norm, ones], -1), torch.cat([v, ones, norm], -1).transpose(-1, -2)
+
+
+def gram_distances_into(out: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Euclidean distances from :func:`gram_factors` ((..., r, L + 2) and (..., L + 2, N)) written into ``out``
+    (..., r, N), contiguous: torch.cdist's values bit for bit from :data:`CDIST_MM_FROM` points, without its
+    allocations (no autograd)."""
+    return torch.matmul(queries, keys, out=out).clamp_min_(0).sqrt_()
+
+
+def sum_into(out: torch.Tensor, terms: list[torch.Tensor], in_place: bool) -> None:
+    """``out`` (B, H, r, N), a strided view of the bias, becomes the sum of the axes' distances ``terms`` (each
+    (B, H, r, N)); ``in_place``: the first term may be summed into (it is scratch)."""
+    partial = terms[0]
+    for d in terms[1:-1]:  # summed pairwise: no zero to start from
+        partial = partial.add_(d) if in_place else partial + d
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():  # out= has no autograd, and a strided out= breaks a
+        out.copy_(partial + terms[-1])  # compiled graph; a copy has neither problem
+    else:  # the last sum written in place: no (B, H, r, N) temporary
+        torch.add(partial, terms[-1], out=out)
+
+
+def writes_in_place(t: torch.Tensor) -> bool:
+    """Whether SaPE²'s bias, its blocks and their distances go into the forward's memories (:class:`SaPE2State`): on
+    CPU, without autograd (which needs each block its own tensor), outside a compiled graph (which would capture one
+    forward's memory)."""
+    return t.device.type == "cpu" and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
 
 
 def scatter_plan(pos: TokenPositions) -> dict[str, Any]:
@@ -233,10 +281,10 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
     def attn_bias(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: SaPE2State) -> torch.Tensor:
         """(B, heads, P+N, P+N). Per-token inputs are scattered onto their grid first (empty cells gate nothing,
         positions past a sample's own grid count for nothing), then read back in the tokens' order. On CPU the
-        distances are taken a block of query rows at a time (:data:`CPU_ROW_BLOCK_BYTES`), and without gradients
-        written into the forward's bias memory, which the next call overwrites (:class:`SaPE2State`); the values are
-        the same."""
-        rows = self.distance_rows(self.sape_vectors(layer, q, k, state))
+        distances are taken a block of query rows at a time (:data:`CPU_ROW_BLOCK_BYTES`; without gradients
+        :data:`IN_PLACE_ROWS_BYTES`, written into the forward's bias memory, which the next call overwrites:
+        :class:`SaPE2State`); the values are the same."""
+        rows = self.distance_rows(self.sape_vectors(layer, q, k, state), state)
         B, H, T, _ = q.shape
         if q.device.type != "cpu":
             return rows(0, T)
@@ -244,7 +292,9 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
         if torch.is_grad_enabled():  # autograd would copy the whole gradient for every block written in place
             return rows(0, T) if step >= T else torch.cat(
                 [rows(start, min(start + step, T)) for start in range(0, T, step)], dim=2)
-        bias = q.new_empty(B, H, T, T) if torch.compiler.is_compiling() else state.bias_out(q, (B, H, T, T))
+        if writes_in_place(q):  # the rows take their distances a block at a time themselves
+            return rows(0, T, out=state.scratch("bias", q, (B, H, T, T)))
+        bias = q.new_empty(B, H, T, T)
         for start in range(0, T, step):
             rows(start, min(start + step, T), out=bias[:, :, start : start + step])
         return bias
@@ -252,37 +302,51 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
     def attn_bias_rows(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: SaPE2State
                        ) -> Callable[[int, int], torch.Tensor]:
         """The SaPE vectors of every token are made once per layer ((B, H, N, L) per axis, no N x N), then each
-        block of query rows takes its distances to every key."""
+        block of query rows takes its distances to every key. On CPU without gradients each block is written into
+        the forward's block memory, which the next block overwrites (:class:`SaPE2State`)."""
         # in training the vectors are remade in backward (checkpointed): the gates and interpolation behind them are
         # (B, H, lines, L, L) per axis and layer, which autograd would otherwise keep for every layer
         vectors = checkpoint(self.sape_vectors, layer, q, k, state, LINE_BLOCK_ELEMENTS, use_reentrant=False) \
             if torch.is_grad_enabled() and (q.requires_grad or self.pos_emb.requires_grad) \
             else self.sape_vectors(layer, q, k, state, LINE_BLOCK_ELEMENTS)
-        return self.distance_rows(vectors)
+        return self.distance_rows(vectors, state)
 
-    def distance_rows(self, vectors: list[torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def distance_rows(self, vectors: list[torch.Tensor], state: SaPE2State) -> Callable[..., torch.Tensor]:
         """Eq. 16 from every patch token's SaPE vectors ((B, H, N, L) per axis): rows ``start:stop`` of the bias,
         (B, H, rows, P+N), the sum over axes of the distances, divided by sqrt(d) too (the vectors are scaled first:
         ||s a - s b|| = s ||a - b||). Prefix rows and columns get no bias. Rows are written into ``out`` where given
-        (a block of the whole bias), else into a block of their own."""
+        (a block of the whole bias), else into a block of their own. On CPU without gradients the blocks and their
+        distances live in ``state``'s memories, and in float32 / float64 the distances are cdist's matmul form with
+        its keys' side made once per layer (:func:`gram_factors`): the same values, bit for bit."""
         p = self.ctx.num_prefix_tokens
         vectors = [v * self.ctx.head_dim**-0.5 for v in vectors]
+        in_place = writes_in_place(vectors[0])
+        B, H, N, _ = vectors[0].shape
+        gram = in_place and vectors[0].dtype in (torch.float32, torch.float64) and N >= CDIST_MM_FROM
+        factors = [gram_factors(v) for v in vectors] if gram else None
+        like = vectors[0] if factors is None else factors[0][0]
+        vectors = vectors if factors is None else []  # the factors hold all the blocks need
+
+        def distances(first: int, last: int) -> list[torch.Tensor]:  # per axis (B, H, last - first, N)
+            if factors is None:
+                return [pairwise_l2(v[:, :, first:last], v) for v in vectors]
+            return [gram_distances_into(state.scratch(f"distances{axis}", queries, (B, H, last - first, N)),
+                                        queries[:, :, first:last], keys)
+                    for axis, (queries, keys) in enumerate(factors)]
 
         def rows(start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
-            first = max(start, p) - p  # the block's patch rows
-            patch = [pairwise_l2(v[:, :, first : stop - p], v) for v in vectors]  # per axis (B, H, r', N)
-            B, H, patch_rows, N = patch[0].shape
-            out = patch[0].new_empty(B, H, stop - start, p + N) if out is None else out
-            head = stop - start - patch_rows  # prefix rows in the block: no bias, as the prefix columns
+            first, last = max(start, p) - p, stop - p  # the block's patch rows
+            if out is None:
+                shape = (B, H, stop - start, p + N)
+                out = state.scratch("block", like, shape) if in_place else like.new_empty(shape)
+            head = stop - start - (last - first)  # prefix rows in the block: no bias, as the prefix columns
             out[:, :, :head].zero_()
             out[:, :, head:, :p].zero_()
-            partial = patch[0]
-            for d in patch[1:-1]:  # summed pairwise: no zero to start from
-                partial = partial + d
-            if torch.is_grad_enabled() or torch.compiler.is_compiling():  # out= has no autograd, and a strided out=
-                out[:, :, head:, p:].copy_(partial + patch[-1])  # breaks a compiled graph; a copy has neither problem
-            else:  # the last sum written in place: no (B, H, r', N) temporary
-                torch.add(partial, patch[-1], out=out[:, :, head:, p:])
+            # in place, the distances go a few rows at a time (their memories stay small), else all at once
+            step = max(1, IN_PLACE_ROWS_BYTES // (B * H * N * like.element_size()) if in_place else last - first)
+            for at in range(first, last, step):
+                upto = min(at + step, last)
+                sum_into(out[:, :, head + at - first : head + upto - first, p:], distances(at, upto), in_place)
             return out
 
         return rows
