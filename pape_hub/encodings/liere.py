@@ -49,10 +49,11 @@ CACHE_BYTES = 256 << 20
 #: rotations made at a time on a large grid in training, each block checkpointed (matrix_exp's temporaries are several
 #: times as large)
 BLOCK_BYTES = 4 << 20
-#: the same without gradients, each block's rotated queries and keys written straight into the layer's output. Smaller:
-#: glibc keeps the freed temporaries of matrix_exp on its heap, and resident memory grew with the block (dense LieRE,
-#: ViT-S/16 at 896 px, back to back: 311-444 MB with 4 MB blocks kept in a list, 109-116 MB with 1 MB blocks written
-#: into the output, in the same time; `ape` 111 MB; docs/speed.md)
+#: the same without gradients on CPU, each block's rotated queries and keys written straight into the layer's output
+#: (on a GPU too, in blocks of BLOCK_BYTES, where each block costs kernel launches). Smaller on CPU: glibc keeps the
+#: freed temporaries of matrix_exp on its heap, and resident memory grew with the block (dense LieRE, ViT-S/16 at
+#: 896 px, back to back: 311-444 MB with 4 MB blocks kept in a list, 109-116 MB with 1 MB blocks written into the
+#: output, in the same time; `ape` 111 MB; docs/speed.md)
 INFERENCE_BLOCK_BYTES = 1 << 20
 
 
@@ -181,7 +182,8 @@ class LieRE(PositionEncoding):
         # a large grid: the rotations of a block of tokens, used and dropped; in training each block is recomputed
         # in backward (checkpointed), so matrix_exp's intermediates never cover every token
         if not torch.is_grad_enabled():  # each block straight into the output: nothing but the output outlives a block
-            step = max(1, tokens * INFERENCE_BLOCK_BYTES // size)
+            block_bytes = INFERENCE_BLOCK_BYTES if qk.device.type == "cpu" else BLOCK_BYTES  # a GPU's launches count
+            step = max(1, tokens * block_bytes // size)
             out = torch.empty_like(qk)
             for start in range(0, tokens, step):
                 out[..., start : start + step, :] = self.rotate_block(

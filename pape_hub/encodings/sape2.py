@@ -342,8 +342,10 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
             head = stop - start - (last - first)  # prefix rows in the block: no bias, as the prefix columns
             out[:, :, :head].zero_()
             out[:, :, head:, :p].zero_()
-            # in place, the distances go a few rows at a time (their memories stay small), else all at once
-            step = max(1, IN_PLACE_ROWS_BYTES // (B * H * N * like.element_size()) if in_place else last - first)
+            if not in_place:  # all at once (no loop over sizes that torch.export keeps symbolic)
+                sum_into(out[:, :, head:, p:], distances(first, last), in_place)
+                return out
+            step = max(1, IN_PLACE_ROWS_BYTES // (B * H * N * like.element_size()))  # a few rows: small memories
             for at in range(first, last, step):
                 upto = min(at + step, last)
                 sum_into(out[:, :, head + at - first : head + upto - first, p:], distances(at, upto), in_place)
