@@ -178,9 +178,10 @@ OVER_LIMIT = {
              "118 a layer (4.7x APE's model). Stacking the two axes of a square grid would halve that (not done); "
              "only a fused kernel gets under 1.6x",
     "sape2_ape": "SaPE2's per-layer bias, plus the learned table",
-    "liere": "16x: above CACHE_BYTES (every layer's rotations: 465 MB at ViT-B/16, 224 px) each layer remakes its "
-             "dense rotations in every forward, 4 MB of tokens at a time (BLOCK_BYTES), a matrix_exp and its "
-             "reshapes per block; with the cache (CACHE_BYTES raised, or small grids) it makes 599 calls, 1.56x",
+    "liere": "64x on CPU, 16x on a GPU: above CACHE_BYTES (every layer's rotations: 465 MB at ViT-B/16, 224 px) each "
+             "layer remakes its dense rotations in every forward, a matrix_exp and its reshapes per block of tokens: "
+             "1 MB a block on CPU (INFERENCE_BLOCK_BYTES, for resident memory), 4 MB on a GPU (BLOCK_BYTES; 6,167 "
+             "calls at 33a2ff0); with the cache (CACHE_BYTES raised, or small grids) it makes 599 calls, 1.56x",
     "pape": "1.65x: under 16-bit attention each layer splits its float32 query channels into a 16-bit head and "
             "remainder (a cast, a subtraction, a cast, a concatenation; the keys' split is made once per forward), "
             "which keeps the positional channels at float32 precision in attention - without it PaPE's pooled "
