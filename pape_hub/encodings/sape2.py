@@ -336,14 +336,17 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
 
         def rows(start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
             first, last = max(start, p) - p, stop - p  # the block's patch rows
+            # all rows' distances at once where not in place (no loop over sizes that torch.export keeps symbolic),
+            # taken before the block is made: the distances' own temporaries are freed by then, not beside it
+            terms = None if in_place else distances(first, last)
             if out is None:
                 shape = (B, H, stop - start, p + N)
                 out = state.scratch("block", like, shape) if in_place else like.new_empty(shape)
             head = stop - start - (last - first)  # prefix rows in the block: no bias, as the prefix columns
             out[:, :, :head].zero_()
             out[:, :, head:, :p].zero_()
-            if not in_place:  # all at once (no loop over sizes that torch.export keeps symbolic)
-                sum_into(out[:, :, head:, p:], distances(first, last), in_place)
+            if terms is not None:
+                sum_into(out[:, :, head:, p:], terms, in_place)
                 return out
             step = max(1, IN_PLACE_ROWS_BYTES // (B * H * N * like.element_size()))  # a few rows: small memories
             for at in range(first, last, step):
