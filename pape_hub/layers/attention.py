@@ -180,7 +180,8 @@ class PositionalAttention(nn.Module):
         block is recomputed in backward (checkpointed), so training holds no (heads, T, T) tensor either. Without,
         each block's output is written straight into the layer's: kept in a list until a final ``cat``, the small
         outputs sat between the blocks' freed biases on glibc's heap, which then could not reuse or return them
-        (ViT-S/16 at 896 px, LookHere: 287-296 MB resident for one forward, 119-136 MB written in place; `ape` 140 MB).
+        (ViT-S/16 at 896 px, LookHere: 287-296 MB resident for one forward, 119-136 MB written in place; `ape`
+        90-140 MB).
         (B, H, T, hd') -> (B, H, T, hd)."""
         v = pad_to_width(v, q)
         dropout = self.attn_drop.p if self.training else 0.0
