@@ -79,13 +79,14 @@ def test_sape2s_whole_bias_in_blocks_of_rows_is_the_whole_bias(encoding, monkeyp
     monkeypatch.setattr(sape2.SaPE2, "distance_rows", lambda self, v, s: (lambda *a, **k: blocks.append(a) or
                                                                           rows(self, v, s)(*a, **k)))
     monkeypatch.setattr(sape2, "CPU_ROW_BLOCK_BYTES", 8 * 2 * 2 * 121 * 7)  # 7 rows: blocks that do not divide 121
-    monkeypatch.setattr(sape2, "IN_PLACE_ROWS_BYTES", 8 * 2 * 2 * 120 * 7)  # and 7 patch rows without gradients
+    monkeypatch.setattr(sape2, "IN_PLACE_ROWS_BYTES", 8 * 120 * 7)  # and 7 patch rows of a pair without gradients
     assert_same(outputs_and_gradients(model, x), whole)
     assert (0, 7) in blocks and (119, 121) in blocks  # the first and the last block
 
 
 def test_sape2s_bias_rows_in_blocks_over_three_axes(monkeypatch):
-    """The same for a video grid's three distance terms, with two prefix tokens: the first block holds both."""
+    """The same for a video grid's three distance terms, with two prefix tokens: the first block holds both; every
+    row of three (batch, head) pairs a chunk, of the four."""
     from helpers import make_encoding, random_qkx
 
     from pape_hub.encodings import sape2
@@ -96,7 +97,8 @@ def test_sape2s_bias_rows_in_blocks_over_three_axes(monkeypatch):
     state = enc.prepare(base.grid_positions(grid, 2, dtype=torch.float64))
     with torch.no_grad():
         whole = enc.attn_bias(0, q, k, state).clone()  # the next call with this state overwrites it (SaPE2State)
-        monkeypatch.setattr(sape2, "IN_PLACE_ROWS_BYTES", 8 * q.shape[0] * q.shape[1] * 24 * 5)  # 5 rows a block
+        assert q.shape[0] * q.shape[1] == 4
+        monkeypatch.setattr(sape2, "IN_PLACE_ROWS_BYTES", 8 * 24 * 24 * 3)  # 3 pairs' 24 rows, then 1 pair's
         torch.testing.assert_close(enc.attn_bias(0, q, k, state), whole, rtol=0, atol=0)
     assert whole[..., :2, :].eq(0).all() and whole[..., :2].eq(0).all() and whole[..., 2:, 2:].gt(0).any()
 
@@ -194,6 +196,33 @@ def test_sape2s_block_is_made_after_its_distances_where_not_in_place(in_place, m
     assert len(made) == 1 and distances
     made = made[0]
     assert (made < min(distances)) if in_place else (made > max(distances))
+
+
+def test_sape2s_in_place_distances_are_matrix_products_of_one_pairs_rows(monkeypatch):
+    """Without gradients SaPE²'s distances are written a chunk of :data:`IN_PLACE_ROWS_BYTES` at a time: rows of one
+    (batch, head) pair, as many as fit. Chunks of rows across every pair held a single row once one row of (B, H, 1, N)
+    outgrew the chunk (ViT-B/16, 1024 px, batch 8: 1.5 MB of 2 MB), so that every matmul was a matrix-vector product,
+    12x slower. Here one row across the 4 pairs is 3,840 bytes of a 8,640 byte chunk: 9 rows of one pair, then the
+    rest."""
+    from helpers import make_encoding, random_qkx
+
+    from pape_hub.encodings import sape2
+
+    grid = (10, 12)
+    enc = make_encoding("sape2", grid=grid, num_prefix=1)
+    q, k, _ = random_qkx(1 + 120)
+    state = enc.prepare(base.grid_positions(grid, 1, dtype=torch.float64))
+    monkeypatch.setattr(sape2, "IN_PLACE_ROWS_BYTES", 8 * 120 * 9)
+    with torch.no_grad():
+        whole = enc.attn_bias_rows(0, q, k, state)(0, 121).clone()
+        rows = enc.attn_bias_rows(0, q, k, state)
+        ops = ops_of(lambda: rows(0, 121))
+    products = [shape for op, shape in ops if op in ("aten.bmm", "aten.mm", "aten.matmul")]
+    assert sorted(set(products)) == [(1, 3, 120), (1, 9, 120)]  # (pairs, rows, N): 13 chunks of 9 rows, then 3
+    assert len(products) == 2 * 4 * 14  # two axes, four pairs
+    monkeypatch.setattr(sape2, "IN_PLACE_ROWS_BYTES", 2 << 20)  # one chunk: the same values, but for rounding on the
+    # diagonal, where the distance is the square root of |a|^2 - 2 a.a + |a|^2's rounding (cdist's too) in any chunks
+    torch.testing.assert_close(whole, enc.attn_bias_rows(0, q, k, state)(0, 121), rtol=0, atol=1e-8)
 
 
 @pytest.mark.parametrize("grad", [False, True])

@@ -77,9 +77,11 @@ LINE_BLOCK_ELEMENTS = 1 << 18
 #: docs/speed.md). Blocks this small are reused from the heap. A GPU's caching allocator has no such cost, and there
 #: each block would cost kernel launches: one block
 CPU_ROW_BLOCK_BYTES = 8 << 20
-#: bytes of one chunk of query rows' (B, heads, rows, N) distances per axis where they are written in place (CPU, no
-#: gradients: :class:`SaPE2State`): the forward's distance memories stay this small, and a chunk stays in a core's cache
-#: between its matmul, its square root and the sum
+#: bytes of one chunk of distances per axis where they are written in place (CPU, no gradients: :class:`SaPE2State`):
+#: the forward's distance memories stay this small, and a chunk stays in a core's cache between its matmul, its square
+#: root and the sum. A chunk is query rows of one (batch, head) pair first, then of a few pairs: chunks of rows across
+#: every pair held one row each at ViT-B/16, 1024 px, batch 8 (a (8, 12, 1, 4096) row is 1.5 MB), so each matmul was a
+#: matrix-vector product, 12x slower than 128 rows of one pair (docs/speed.md)
 IN_PLACE_ROWS_BYTES = 2 << 20
 
 
@@ -166,8 +168,8 @@ def gram_distances_into(out: torch.Tensor, queries: torch.Tensor, keys: torch.Te
 
 
 def sum_into(out: torch.Tensor, terms: list[torch.Tensor], in_place: bool) -> None:
-    """``out`` (B, H, r, N), a strided view of the bias, becomes the sum of the axes' distances ``terms`` (each
-    (B, H, r, N)); ``in_place``: the first term may be summed into (it is scratch)."""
+    """``out`` (..., r, N), a strided view of the bias, becomes the sum of the axes' distances ``terms`` (each of its
+    shape); ``in_place``: the first term may be summed into (it is scratch)."""
     partial = terms[0]
     for d in terms[1:-1]:  # summed pairwise: no zero to start from
         partial = partial.add_(d) if in_place else partial + d
@@ -323,16 +325,22 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
         in_place = writes_in_place(vectors[0])
         B, H, N, _ = vectors[0].shape
         gram = in_place and vectors[0].dtype in (torch.float32, torch.float64) and N >= CDIST_MM_FROM
-        factors = [gram_factors(v) for v in vectors] if gram else None
+        # (B * H, N, L + 2) and (B * H, L + 2, N): the (batch, head) pairs flattened, as the in-place chunks take them
+        factors = [tuple(t.flatten(0, 1) for t in gram_factors(v)) for v in vectors] if gram else None
         like = vectors[0] if factors is None else factors[0][0]
         vectors = vectors if factors is None else []  # the factors hold all the blocks need
 
         def distances(first: int, last: int) -> list[torch.Tensor]:  # per axis (B, H, last - first, N)
+            return [pairwise_l2(v[:, :, first:last], v) for v in vectors]
+
+        def distances_in_place(pairs: slice, first: int, last: int) -> list[torch.Tensor]:
+            # per axis (pairs, last - first, N): of the (batch, head) pairs ``pairs`` of B * H, into the memories
             if factors is None:
-                return [pairwise_l2(v[:, :, first:last], v) for v in vectors]
-            return [gram_distances_into(state.scratch(f"distances{axis}", queries, (B, H, last - first, N)),
-                                        queries[:, :, first:last], keys)
-                    for axis, (queries, keys) in enumerate(factors)]
+                return [pairwise_l2(v.flatten(0, 1)[pairs, first:last], v.flatten(0, 1)[pairs]) for v in vectors]
+            return [gram_distances_into(
+                state.scratch(f"distances{axis}", queries, (pairs.stop - pairs.start, last - first, N)),
+                queries[pairs, first:last], keys[pairs])
+                for axis, (queries, keys) in enumerate(factors)]
 
         def rows(start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
             first, last = max(start, p) - p, stop - p  # the block's patch rows
@@ -348,10 +356,16 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
             if terms is not None:
                 sum_into(out[:, :, head:, p:], terms, in_place)
                 return out
-            step = max(1, IN_PLACE_ROWS_BYTES // (B * H * N * like.element_size()))  # a few rows: small memories
-            for at in range(first, last, step):
-                upto = min(at + step, last)
-                sum_into(out[:, :, head + at - first : head + upto - first, p:], distances(at, upto), in_place)
+            # chunks of IN_PLACE_ROWS_BYTES: rows of one pair (a matrix product's rows), then as many pairs as fit
+            row_bytes = N * like.element_size()
+            step = max(1, min(last - first, IN_PLACE_ROWS_BYTES // row_bytes))
+            pair_step = max(1, IN_PLACE_ROWS_BYTES // (step * row_bytes))
+            target = out.view(B * H, *out.shape[2:])[:, head:, p:]  # (B * H, last - first, N); out is scratch
+            for pair in range(0, B * H, pair_step):
+                pairs = slice(pair, min(pair + pair_step, B * H))
+                for at in range(first, last, step):
+                    upto = min(at + step, last)
+                    sum_into(target[pairs, at - first : upto - first], distances_in_place(pairs, at, upto), in_place)
             return out
 
         return rows
