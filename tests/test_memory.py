@@ -314,3 +314,43 @@ def test_training_counts_a_bias_the_batch_shares_once(encoding, shared, monkeypa
                         lambda self, *a: calls.append(1) or blockwise(self, *a))
     model(x).sum().backward()
     assert bool(calls) is not shared
+
+
+@pytest.mark.parametrize("table", [True, False])
+def test_liere_blocks_of_per_sample_tokens_rotate_each_distinct_coordinate_once_a_layer(table, monkeypatch):
+    """Without gradients on a large grid LieRE rotates a block of tokens at a time. A batch of grids repeats its cells,
+    but a block of tokens shares few of them: blocks that each took their own distinct coordinates ran many more
+    ``matrix_exp`` (dense LieRE, a NaFlex batch at ViT-S/16: 3.9 s a forward against 2.5 s). So the layer's distinct
+    coordinates get one table, one ``matrix_exp`` call a layer, and each image keeps its own logits. The control: a
+    table over STATE_BYTES falls back to blocks that make their own, more calls."""
+    from timm.data.naflex_transforms import patchify_image
+
+    model = perturbed("vit_t4_liere").eval()
+    images = [torch.randn(3, 32, 48, dtype=torch.float64), torch.randn(3, 40, 40, dtype=torch.float64),
+              torch.randn(3, 48, 32, dtype=torch.float64)]
+    parts = [patchify_image(image, (4, 4))[:2] for image in images]
+    length = max(len(p) for p, _ in parts) + 3
+    batch = dict(patches=torch.zeros(3, length, 48, dtype=torch.float64),
+                 patch_coord=torch.zeros(3, length, 2, dtype=torch.long),
+                 patch_valid=torch.zeros(3, length, dtype=torch.bool))
+    for i, (p, c) in enumerate(parts):
+        batch["patches"][i, : len(p)], batch["patch_coord"][i, : len(p)], batch["patch_valid"][i, : len(p)] = p, c, 1
+    enc = model.pos_encoding
+    per_token = enc.ctx.num_heads * enc.num_blocks * enc.block_size**2  # the elements of one token's rotations
+    distinct = len({tuple(c) for c in batch["patch_coord"].flatten(0, 1).tolist()})
+    # the layer's per-sample rotations over STATE_BYTES (blockwise); the table of the distinct ones under it, or not
+    monkeypatch.setattr(liere, "STATE_BYTES", 8 * per_token * (distinct if table else distinct // 2))
+    assert 4 * 3 * (length + model.num_prefix_tokens) * per_token > liere.STATE_BYTES
+    monkeypatch.setattr(liere, "CACHE_BYTES", 1000)
+    monkeypatch.setattr(liere, "BLOCK_BYTES", 200_000)
+    monkeypatch.setattr(liere, "INFERENCE_BLOCK_BYTES", 200_000)
+    calls = []
+    matrix_exp = torch.linalg.matrix_exp
+    monkeypatch.setattr(torch.linalg, "matrix_exp", lambda m: calls.append(m.shape[0]) or matrix_exp(m))
+    with torch.no_grad():
+        out = model(batch)
+    assert (calls == [enc.ctx.num_heads * enc.num_blocks * distinct] * len(model.blocks)) == table
+    assert len(calls) > len(model.blocks) or table
+    with torch.no_grad():
+        for i, image in enumerate(images):
+            torch.testing.assert_close(out[i], model(image[None])[0], rtol=0, atol=1e-10)

@@ -21,6 +21,7 @@ layer (so with gradient checkpointing they are recomputed there, and only one la
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -182,12 +183,13 @@ class LieRE(PositionEncoding):
         # a large grid: the rotations of a block of tokens, used and dropped; in training each block is recomputed
         # in backward (checkpointed), so matrix_exp's intermediates never cover every token
         if not torch.is_grad_enabled():  # each block straight into the output: nothing but the output outlives a block
-            block_bytes = INFERENCE_BLOCK_BYTES if qk.device.type == "cpu" else BLOCK_BYTES  # a GPU's launches count
-            step = max(1, tokens * block_bytes // size)
             out = torch.empty_like(qk)
-            for start in range(0, tokens, step):
-                out[..., start : start + step, :] = self.rotate_block(
-                    qk[..., start : start + step, :], coords[..., start : start + step, :], layer)
+            with full_precision(coords.device):
+                rotations, block_bytes = self.block_rotations(coords, layer)
+                step = max(1, tokens * block_bytes // size)
+                for start in range(0, tokens, step):
+                    out[..., start : start + step, :] = self.rotate(
+                        qk[..., start : start + step, :], rotations(start, min(start + step, tokens)))
             return out
         step = max(1, tokens * BLOCK_BYTES // size)
         blocks = []
@@ -196,6 +198,31 @@ class LieRE(PositionEncoding):
             block = coords[..., start : start + step, :]
             blocks.append(checkpoint(self.rotate_block, part, block, layer, use_reentrant=False))
         return torch.cat(blocks, dim=-2)
+
+    def block_rotations(self, coords: torch.Tensor, layer: int
+                        ) -> tuple[Callable[[int, int], torch.Tensor], int]:
+        """The rotations of ``layer`` for tokens ``start:stop`` (:meth:`rotations`' shapes), and the bytes of
+        rotations a block takes without gradients. Per-sample coordinates (B, T, p) take each distinct coordinate's
+        rotation from one table made for the layer, where it fits in STATE_BYTES: a batch of grids shares its cells,
+        but a block of tokens shares few of them, so blocks that each took their own distinct coordinates ran many
+        more ``matrix_exp`` (dense LieRE, a NaFlex batch at ViT-S/16: 3.9 s a forward in 1 MB blocks, 2.3 s in 4 MB
+        blocks; docs/speed.md). A table's blocks only gather, so they take BLOCK_BYTES; blocks that make their own
+        rotations take INFERENCE_BLOCK_BYTES on CPU (matrix_exp's temporaries)."""
+        if coords.ndim == 3:
+            distinct, index = torch.unique(coords.reshape(-1, coords.shape[-1]), dim=0, return_inverse=True)
+            table_bytes = compute_dtype(coords).itemsize * distinct.shape[0] * self.ctx.num_heads * \
+                self.num_blocks * self.block_size**2
+            if table_bytes <= STATE_BYTES:  # the bound of a layer's rotations made at once
+                table = self.rotations(distinct, layer)  # (H, distinct, G, b, b)
+                index = index.view(coords.shape[:2])  # (B, T): each token's distinct coordinate
+
+                def from_table(start: int, stop: int) -> torch.Tensor:  # (B, H, stop - start, G, b, b)
+                    rot = table.index_select(-4, index[:, start:stop].reshape(-1))  # (H, B * (stop - start), G, b, b)
+                    return rot.unflatten(-4, (index.shape[0], stop - start)).movedim(-5, -6)
+
+                return from_table, BLOCK_BYTES
+        block_bytes = INFERENCE_BLOCK_BYTES if coords.device.type == "cpu" else BLOCK_BYTES  # a GPU's launches count
+        return (lambda start, stop: self.rotations(coords[..., start:stop, :], layer)), block_bytes
 
     def rotate_block(self, qk: torch.Tensor, coords: torch.Tensor, layer: int) -> torch.Tensor:
         """Queries and keys of a block of tokens rotated by that block's rotations of ``layer``."""

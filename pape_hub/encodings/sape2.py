@@ -319,7 +319,8 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
         ||s a - s b|| = s ||a - b||). Prefix rows and columns get no bias. Rows are written into ``out`` where given
         (a block of the whole bias), else into a block of their own. On CPU without gradients the blocks and their
         distances live in ``state``'s memories, and in float32 / float64 the distances are cdist's matmul form with
-        its keys' side made once per layer (:func:`gram_factors`): the same values, bit for bit."""
+        its keys' side made once per layer (:func:`gram_factors`): cdist's values, but for the rounding of a vector's
+        distance to itself (0, the square root of rounding in this form), which moves with the chunks' sizes."""
         p = self.ctx.num_prefix_tokens
         vectors = [v * self.ctx.head_dim**-0.5 for v in vectors]
         in_place = writes_in_place(vectors[0])
