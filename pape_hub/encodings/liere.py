@@ -64,6 +64,18 @@ def skew_symmetric(raw: torch.Tensor) -> torch.Tensor:
     return upper - upper.transpose(-1, -2)
 
 
+def distinct_coordinates(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T, p) per-sample coordinates -> the distinct ones (D, p) and each token's index among them (B, T)."""
+    distinct, index = torch.unique(coords.reshape(-1, coords.shape[-1]), dim=0, return_inverse=True)
+    return distinct, index.view(coords.shape[:2])
+
+
+def take_rotations(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Each token's rotation from the distinct coordinates' ``table`` (..., H, D, G, b, b), by ``index`` (B, s):
+    (..., B, H, s, G, b, b)."""
+    return table.index_select(-4, index.reshape(-1)).unflatten(-4, index.shape).movedim(-5, -6)
+
+
 @register_encoding("liere", block_size=None)
 @register_encoding("liere8", block_size=8)
 class LieRE(PositionEncoding):
@@ -99,10 +111,9 @@ class LieRE(PositionEncoding):
         token at the origin gets the identity. Per-sample coordinates repeat (a batch of grids shares its cells): each
         distinct coordinate gets one ``matrix_exp``, then every token takes its coordinate's rotation."""
         if coords.ndim == 3 and not torch.compiler.is_compiling():  # (B, T, p); unique has a data-dependent size
-            distinct, index = torch.unique(coords.reshape(-1, coords.shape[-1]), dim=0, return_inverse=True)
-            if distinct.shape[0] < index.shape[0]:
-                rot = self.rotations(distinct, layer).index_select(-4, index)  # (..., H, B*T, G, b, b)
-                return rot.unflatten(-4, coords.shape[:2]).movedim(-5, -6)  # (..., B, H, T, G, b, b)
+            distinct, index = distinct_coordinates(coords)
+            if distinct.shape[0] < index.numel():
+                return take_rotations(self.rotations(distinct, layer), index)  # (..., B, H, T, G, b, b)
         work = compute_dtype(coords)
         pos = coords.to(work) * self.extent_scale.to(work)
         raw = self.generators if layer is None else self.generators[layer : layer + 1]
@@ -209,18 +220,12 @@ class LieRE(PositionEncoding):
         blocks; docs/speed.md). A table's blocks only gather, so they take BLOCK_BYTES; blocks that make their own
         rotations take INFERENCE_BLOCK_BYTES on CPU (matrix_exp's temporaries)."""
         if coords.ndim == 3:
-            distinct, index = torch.unique(coords.reshape(-1, coords.shape[-1]), dim=0, return_inverse=True)
+            distinct, index = distinct_coordinates(coords)
             table_bytes = compute_dtype(coords).itemsize * distinct.shape[0] * self.ctx.num_heads * \
                 self.num_blocks * self.block_size**2
             if table_bytes <= STATE_BYTES:  # the bound of a layer's rotations made at once
                 table = self.rotations(distinct, layer)  # (H, distinct, G, b, b)
-                index = index.view(coords.shape[:2])  # (B, T): each token's distinct coordinate
-
-                def from_table(start: int, stop: int) -> torch.Tensor:  # (B, H, stop - start, G, b, b)
-                    rot = table.index_select(-4, index[:, start:stop].reshape(-1))  # (H, B * (stop - start), G, b, b)
-                    return rot.unflatten(-4, (index.shape[0], stop - start)).movedim(-5, -6)
-
-                return from_table, BLOCK_BYTES
+                return (lambda start, stop: take_rotations(table, index[:, start:stop])), BLOCK_BYTES
         block_bytes = INFERENCE_BLOCK_BYTES if coords.device.type == "cpu" else BLOCK_BYTES  # a GPU's launches count
         return (lambda start, stop: self.rotations(coords[..., start:stop, :], layer)), block_bytes
 
