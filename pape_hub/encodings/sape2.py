@@ -150,18 +150,24 @@ def pairwise_l2(x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
     return torch.cdist(x, y)
 
 
-def gram_factors(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(..., N, L) -> the factors of every squared distance, torch.cdist's own matmul form: queries (..., N, L + 2)
-    [-2 v, |v|^2, 1] and keys (..., L + 2, N) [v, 1, |v|^2] transposed, so that queries @ keys = |a|^2 - 2 a.b + |b|^2.
-    Made once per layer, where cdist would make the keys' side again for every block of query rows; the keys stay a
-    transposed view, as cdist passes them, so that the matmul is the same kernel with the same bits."""
+def gram_keys(v: torch.Tensor) -> torch.Tensor:
+    """(..., N, L) -> the keys' side of every squared distance in torch.cdist's own matmul form, (..., N, L + 2)
+    [v, 1, |v|^2]: made once per layer, where cdist would make it again for every block of query rows. A block's
+    queries' side comes from its rows of it (:func:`gram_queries`), so that a layer holds one factor, not two."""
     norm = v.pow(2).sum(-1, keepdim=True)
-    ones = torch.ones_like(norm)
-    return torch.cat([v.mul(-2), norm, ones], -1), torch.cat([v, ones, norm], -1).transpose(-1, -2)
+    return torch.cat([v, torch.ones_like(norm), norm], -1)
+
+
+def gram_queries(keys: torch.Tensor) -> torch.Tensor:
+    """Rows (..., r, L + 2) of :func:`gram_keys` -> the queries' side [-2 v, |v|^2, 1], (..., r, L + 2): the same
+    values cdist's form makes from v (-2 v is exact), so that queries @ keys^T = |a|^2 - 2 a.b + |b|^2."""
+    width = keys.shape[-1] - 2
+    return torch.cat([keys[..., :width].mul(-2), keys[..., width + 1 :], keys[..., width : width + 1]], -1)
 
 
 def gram_distances_into(out: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """Euclidean distances from :func:`gram_factors` ((..., r, L + 2) and (..., L + 2, N)) written into ``out``
+    """Euclidean distances from :func:`gram_queries` (..., r, L + 2) and :func:`gram_keys` transposed, (..., L + 2, N)
+    (a view, as cdist passes them, so that the matmul is the same kernel with the same bits), written into ``out``
     (..., r, N), contiguous: torch.cdist's values bit for bit from :data:`CDIST_MM_FROM` points, without its
     allocations (no autograd)."""
     return torch.matmul(queries, keys, out=out).clamp_min_(0).sqrt_()
@@ -319,29 +325,31 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
         ||s a - s b|| = s ||a - b||). Prefix rows and columns get no bias. Rows are written into ``out`` where given
         (a block of the whole bias), else into a block of their own. On CPU without gradients the blocks and their
         distances live in ``state``'s memories, and in float32 / float64 the distances are cdist's matmul form with
-        its keys' side made once per layer (:func:`gram_factors`): cdist's values, but for the rounding of a vector's
-        distance to itself (0, the square root of rounding in this form), which moves with the chunks' sizes."""
-        p = self.ctx.num_prefix_tokens
-        vectors = [v * self.ctx.head_dim**-0.5 for v in vectors]
+        its keys' side made once per layer (:func:`gram_keys`): cdist's values, but for the rounding of a vector's
+        distance to itself (0, the square root of rounding in this form), which moves with the chunks' sizes. There
+        ``vectors`` is emptied, each axis's vectors dropped once its factor is made (the factor holds all the rows
+        need; ViT-B/16, 1024 px, batch 8: 100 MB a tensor)."""
+        p, scale = self.ctx.num_prefix_tokens, self.ctx.head_dim**-0.5
         in_place = writes_in_place(vectors[0])
         B, H, N, _ = vectors[0].shape
         gram = in_place and vectors[0].dtype in (torch.float32, torch.float64) and N >= CDIST_MM_FROM
-        # (B * H, N, L + 2) and (B * H, L + 2, N): the (batch, head) pairs flattened, as the in-place chunks take them
-        factors = [tuple(t.flatten(0, 1) for t in gram_factors(v)) for v in vectors] if gram else None
-        like = vectors[0] if factors is None else factors[0][0]
-        vectors = vectors if factors is None else []  # the factors hold all the blocks need
+        keys_of_axes: list[torch.Tensor] = []  # per axis (B * H, N, L + 2): the pairs flattened, as chunks take them
+        while gram and vectors:
+            keys_of_axes.append(gram_keys(vectors.pop(0) * scale).flatten(0, 1))
+        vectors = [v * scale for v in vectors]  # none left where the factors were made
+        like = keys_of_axes[0] if gram else vectors[0]
 
         def distances(first: int, last: int) -> list[torch.Tensor]:  # per axis (B, H, last - first, N)
             return [pairwise_l2(v[:, :, first:last], v) for v in vectors]
 
         def distances_in_place(pairs: slice, first: int, last: int) -> list[torch.Tensor]:
             # per axis (pairs, last - first, N): of the (batch, head) pairs ``pairs`` of B * H, into the memories
-            if factors is None:
+            if not gram:
                 return [pairwise_l2(v.flatten(0, 1)[pairs, first:last], v.flatten(0, 1)[pairs]) for v in vectors]
             return [gram_distances_into(
-                state.scratch(f"distances{axis}", queries, (pairs.stop - pairs.start, last - first, N)),
-                queries[pairs, first:last], keys[pairs])
-                for axis, (queries, keys) in enumerate(factors)]
+                state.scratch(f"distances{axis}", keys, (pairs.stop - pairs.start, last - first, N)),
+                gram_queries(keys[pairs, first:last]), keys[pairs].mT)
+                for axis, keys in enumerate(keys_of_axes)]
 
         def rows(start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
             first, last = max(start, p) - p, stop - p  # the block's patch rows
