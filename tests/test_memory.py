@@ -261,18 +261,18 @@ def test_gram_distances_are_cdists_bit_for_bit(dtype):
     assert not torch.equal(got, torch.cdist(v[:, :, 5:18], v, compute_mode="donot_use_mm_for_euclid_dist"))
 
 
-def test_sape2_keeps_one_factor_an_axis_and_drops_the_vectors_in_place(monkeypatch):
+def test_sape2_keeps_one_factor_an_axis_and_drops_the_vectors_in_place():
     """Without gradients on CPU a layer keeps only the keys' side of each axis's distances (B * H, N, L + 2), and
     drops each axis's SaPE vectors once its factor is made: with both sides of the product kept beside the vectors
     and their scaled copies, SaPE² at ViT-B/16, 1024 px, batch 8 held 1,772 MB resident against 1,642 MB before the
     factors (docs/speed.md). The control: with gradients nothing is factored and the vectors stay."""
     from helpers import make_encoding, random_qkx
 
-
     grid = (6, 7)
     enc = make_encoding("sape2", grid=grid, num_prefix=1)
     q, k, _ = random_qkx(1 + 42)
     state = enc.prepare(base.grid_positions(grid, 1, dtype=torch.float64))
+
     def held(fn) -> list[tuple[int, ...]]:  # shapes of the tensors the rows' closures keep (lists of them too)
         shapes = []
         for cell in fn.__closure__ or ():
