@@ -126,21 +126,27 @@ def test_sape2s_layers_write_one_bias_memory_on_cpu_inference(monkeypatch):
 
 
 def test_sape2s_blocks_share_one_memory_on_cpu_inference(monkeypatch):
-    """On the blockwise path without gradients every block of bias rows, in every layer, is written into one memory,
-    with its distances in cdist's matmul form made from factors kept per layer: the outputs of fresh blocks from
-    ``torch.cdist``, bit for bit. The control: fresh blocks are separate tensors."""
+    """On the blockwise path without gradients every block of bias rows of a layer is written into one memory, with
+    its distances in cdist's matmul form made from factors kept per layer: the outputs of fresh blocks from
+    ``torch.cdist``, bit for bit. The layer's last block releases the memory (it is not held through the MLP, where
+    the forward's peak is). The control: fresh blocks are separate tensors."""
     from pape_hub.encodings import sape2
 
     model = perturbed("vit_t4_sape2").eval()
     x = torch.randn(2, 3, 40, 48, dtype=torch.float64)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
     monkeypatch.setattr(attention, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
-    made = []
+    made, held = [], []
     distance_rows = sape2.SaPE2.distance_rows
 
     def recording(self, vectors, state):
         rows = distance_rows(self, vectors, state)
-        return lambda *a, **k: made.append(rows(*a, **k)) or made[-1]
+
+        def recorded(*a, **k):
+            made.append(rows(*a, **k))
+            held.append(sorted(state.memory))
+            return made[-1]
+        return recorded
 
     monkeypatch.setattr(sape2.SaPE2, "distance_rows", recording)
     with torch.no_grad():
@@ -150,7 +156,9 @@ def test_sape2s_blocks_share_one_memory_on_cpu_inference(monkeypatch):
         monkeypatch.setattr(sape2.SaPE2State, "scratch", lambda self, name, like, shape: like.new_empty(shape))
         separate = model(x)
     assert blocks == 2 * 18 and len(made) == 2 * blocks  # two layers of 18 blocks, twice
-    assert len({block.data_ptr() for block in made[:blocks]}) == 1  # one memory for every block of every layer
+    for layer in range(2):  # one memory for every block of a layer, released after its last
+        assert len({block.data_ptr() for block in made[18 * layer : 18 * (layer + 1)]}) == 1
+        assert "block" in held[18 * layer + 16] and "block" not in held[18 * layer + 17]
     assert len({block.data_ptr() for block in made[blocks:]}) > 1
     torch.testing.assert_close(shared, separate, rtol=0, atol=0)
 

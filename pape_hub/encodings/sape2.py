@@ -118,6 +118,11 @@ class SaPE2State:
             memory = self.memory[name] = like.new_empty(size)
         return memory[:size].view(shape)
 
+    def release(self, *names: str) -> None:
+        """Drops the memories ``names``: a tensor made from one stays valid (it keeps its storage) until dropped."""
+        for name in names:
+            self.memory.pop(name, None)
+
 
 def lines_in_blocks(q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, scale: float, key_mode: bool,
                     present: torch.Tensor | None, inside: torch.Tensor | None,
@@ -375,6 +380,10 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
                 for at in range(first, last, step):
                     upto = min(at + step, last)
                     sum_into(target[pairs, at - first : upto - first], distances_in_place(pairs, at, upto), in_place)
+            if stop == p + N:  # the layer's last block: its memories go when the attention drops it, not held through
+                # the MLP, where the forward's peak is (ViT-B/16, 1024 px, batch 8: a 201 MB block); the next layer
+                # makes them again, once a layer, not once a block
+                state.release("block", *(f"distances{axis}" for axis in range(len(keys_of_axes) or len(vectors))))
             return out
 
         return rows
