@@ -347,13 +347,15 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
         def distances(first: int, last: int) -> list[torch.Tensor]:  # per axis (B, H, last - first, N)
             return [pairwise_l2(v[:, :, first:last], v) for v in vectors]
 
-        def distances_in_place(pairs: slice, first: int, last: int) -> list[torch.Tensor]:
-            # per axis (pairs, last - first, N): of the (batch, head) pairs ``pairs`` of B * H, into the memories
+        def distances_in_place(pairs: slice, first: int, last: int, queries: list[torch.Tensor]
+                               ) -> list[torch.Tensor]:
+            # per axis (pairs, last - first, N): of the (batch, head) pairs ``pairs`` of B * H, into the memories;
+            # ``queries``: per axis the queries' side of the rows from ``first`` (:func:`gram_queries`)
             if not gram:
                 return [pairwise_l2(v.flatten(0, 1)[pairs, first:last], v.flatten(0, 1)[pairs]) for v in vectors]
             return [gram_distances_into(
                 state.scratch(f"distances{axis}", keys, (pairs.stop - pairs.start, last - first, N)),
-                gram_queries(keys[pairs, first:last]), keys[pairs].mT)
+                queries[axis][pairs, : last - first], keys[pairs].mT)
                 for axis, keys in enumerate(keys_of_axes)]
 
         def rows(start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -375,11 +377,16 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
             step = max(1, min(last - first, IN_PLACE_ROWS_BYTES // row_bytes))
             pair_step = max(1, IN_PLACE_ROWS_BYTES // (step * row_bytes))
             target = out.view(B * H, *out.shape[2:])[:, head:, p:]  # (B * H, last - first, N); out is scratch
+            # the queries' side of the block's rows, made once a block (a fraction (L + 2) / N of the block; made per
+            # chunk it cost 5% of a forward at ViT-B/16 448 px in small kernels)
+            queries = [gram_queries(keys[:, first:last]) for keys in keys_of_axes]  # (B * H, last - first, L + 2)
             for pair in range(0, B * H, pair_step):
                 pairs = slice(pair, min(pair + pair_step, B * H))
                 for at in range(first, last, step):
                     upto = min(at + step, last)
-                    sum_into(target[pairs, at - first : upto - first], distances_in_place(pairs, at, upto), in_place)
+                    rows_from = [q[:, at - first :] for q in queries]
+                    sum_into(target[pairs, at - first : upto - first], distances_in_place(pairs, at, upto, rows_from),
+                             in_place)
             if stop == p + N:  # the layer's last block: its memories go when the attention drops it, not held through
                 # the MLP, where the forward's peak is (ViT-B/16, 1024 px, batch 8: a 201 MB block); the next layer
                 # makes them again, once a layer, not once a block
