@@ -190,6 +190,31 @@ def sum_into(out: torch.Tensor, terms: list[torch.Tensor], in_place: bool) -> No
         torch.add(partial, terms[-1], out=out)
 
 
+def in_place_distance_sums(target: torch.Tensor, keys_of_axes: list[torch.Tensor], vectors: list[torch.Tensor],
+                           state: SaPE2State, first: int, last: int) -> None:
+    """``target`` (B * H, last - first, N), scratch, becomes the sum over axes of the distances of patch rows
+    ``first:last`` to every patch, a chunk of :data:`IN_PLACE_ROWS_BYTES` at a time: rows of one (batch, head) pair (a
+    matrix product's rows), then as many pairs as fit. From each axis's keys' side (B * H, N, L + 2) where given (the
+    queries' side of the rows made once: a fraction (L + 2) / N of the rows; made per chunk it cost 5% of a forward at
+    ViT-B/16 448 px in small kernels), else from the SaPE vectors (B, H, N, L); the distances into ``state``'s
+    memories."""
+    pairs_total, _, N = target.shape
+    row_bytes = N * target.element_size()
+    step = max(1, min(last - first, IN_PLACE_ROWS_BYTES // row_bytes))
+    pair_step = max(1, IN_PLACE_ROWS_BYTES // (step * row_bytes))
+    queries = [gram_queries(keys[:, first:last]) for keys in keys_of_axes]  # (B * H, last - first, L + 2)
+    for pair in range(0, pairs_total, pair_step):
+        pairs = slice(pair, min(pair + pair_step, pairs_total))
+        for at in range(first, last, step):
+            upto = min(at + step, last)
+            terms = [gram_distances_into(
+                state.scratch(f"distances{axis}", keys, (pairs.stop - pairs.start, upto - at, N)),
+                queries[axis][pairs, at - first : upto - first], keys[pairs].mT)
+                for axis, keys in enumerate(keys_of_axes)] if keys_of_axes else \
+                [pairwise_l2(v.flatten(0, 1)[pairs, at:upto], v.flatten(0, 1)[pairs]) for v in vectors]
+            sum_into(target[pairs, at - first : upto - first], terms, in_place=True)
+
+
 def writes_in_place(t: torch.Tensor) -> bool:
     """Whether SaPE²'s bias, its blocks and their distances go into the forward's memories (:class:`SaPE2State`): on
     CPU, without autograd (which needs each block its own tensor), outside a compiled graph (which would capture one
@@ -347,17 +372,6 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
         def distances(first: int, last: int) -> list[torch.Tensor]:  # per axis (B, H, last - first, N)
             return [pairwise_l2(v[:, :, first:last], v) for v in vectors]
 
-        def distances_in_place(pairs: slice, first: int, last: int, queries: list[torch.Tensor]
-                               ) -> list[torch.Tensor]:
-            # per axis (pairs, last - first, N): of the (batch, head) pairs ``pairs`` of B * H, into the memories;
-            # ``queries``: per axis the queries' side of the rows from ``first`` (:func:`gram_queries`)
-            if not gram:
-                return [pairwise_l2(v.flatten(0, 1)[pairs, first:last], v.flatten(0, 1)[pairs]) for v in vectors]
-            return [gram_distances_into(
-                state.scratch(f"distances{axis}", keys, (pairs.stop - pairs.start, last - first, N)),
-                queries[axis][pairs, : last - first], keys[pairs].mT)
-                for axis, keys in enumerate(keys_of_axes)]
-
         def rows(start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
             first, last = max(start, p) - p, stop - p  # the block's patch rows
             # all rows' distances at once where not in place (no loop over sizes that torch.export keeps symbolic),
@@ -372,21 +386,8 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
             if terms is not None:
                 sum_into(out[:, :, head:, p:], terms, in_place)
                 return out
-            # chunks of IN_PLACE_ROWS_BYTES: rows of one pair (a matrix product's rows), then as many pairs as fit
-            row_bytes = N * like.element_size()
-            step = max(1, min(last - first, IN_PLACE_ROWS_BYTES // row_bytes))
-            pair_step = max(1, IN_PLACE_ROWS_BYTES // (step * row_bytes))
             target = out.view(B * H, *out.shape[2:])[:, head:, p:]  # (B * H, last - first, N); out is scratch
-            # the queries' side of the block's rows, made once a block (a fraction (L + 2) / N of the block; made per
-            # chunk it cost 5% of a forward at ViT-B/16 448 px in small kernels)
-            queries = [gram_queries(keys[:, first:last]) for keys in keys_of_axes]  # (B * H, last - first, L + 2)
-            for pair in range(0, B * H, pair_step):
-                pairs = slice(pair, min(pair + pair_step, B * H))
-                for at in range(first, last, step):
-                    upto = min(at + step, last)
-                    rows_from = [q[:, at - first :] for q in queries]
-                    sum_into(target[pairs, at - first : upto - first], distances_in_place(pairs, at, upto, rows_from),
-                             in_place)
+            in_place_distance_sums(target, keys_of_axes, vectors, state, first, last)
             if stop == p + N:  # the layer's last block: its memories go when the attention drops it, not held through
                 # the MLP, where the forward's peak is (ViT-B/16, 1024 px, batch 8: a 201 MB block); the next layer
                 # makes them again, once a layer, not once a block
