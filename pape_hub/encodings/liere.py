@@ -141,11 +141,14 @@ class LieRE(PositionEncoding):
             return self.token_coordinates(pos), None
         return self.token_coordinates(pos), self._cached_rotations(pos)
 
+    def rotations_bytes(self, positions: int, itemsize: int = 4) -> int:
+        """What one layer's rotations of ``positions`` token positions take: (positions, H, G, b, b) elements."""
+        return itemsize * positions * self.ctx.num_heads * self.num_blocks * self.block_size**2
+
     def layer_bytes(self, pos: TokenPositions) -> int:
         """What one layer's rotations take: (B', H, P+N, G, b, b) float32."""
         batch = pos.coords.shape[0] if pos.per_sample else 1
-        tokens = pos.num_patches + pos.num_prefix_tokens
-        return 4 * batch * self.ctx.num_heads * tokens * self.num_blocks * self.block_size**2
+        return self.rotations_bytes(batch * (pos.num_patches + pos.num_prefix_tokens))
 
     def _cached_rotations(self, pos: TokenPositions) -> tuple[torch.Tensor, ...]:
         """Computed in float32 one layer at a time (matrix_exp's temporaries for every layer at once need ~10x the
@@ -182,8 +185,7 @@ class LieRE(PositionEncoding):
         if all_layers is not None:
             return self.rotate(qk, all_layers[layer])
         tokens = coords.shape[-2]
-        size = 4 * (coords.shape[0] if coords.ndim == 3 else 1) * self.ctx.num_heads * tokens * \
-            self.num_blocks * self.block_size**2
+        size = self.rotations_bytes((coords.shape[0] if coords.ndim == 3 else 1) * tokens)
         if torch.compiler.is_compiling():  # one graph: the layer's rotations at once
             return self.rotate_block(qk, coords, layer)
         if size <= STATE_BYTES:  # the layer's rotations at once; in training recomputed in backward (checkpointed):
@@ -221,8 +223,7 @@ class LieRE(PositionEncoding):
         rotations take INFERENCE_BLOCK_BYTES on CPU (matrix_exp's temporaries)."""
         if coords.ndim == 3:
             distinct, index = distinct_coordinates(coords)
-            table_bytes = compute_dtype(coords).itemsize * distinct.shape[0] * self.ctx.num_heads * \
-                self.num_blocks * self.block_size**2
+            table_bytes = self.rotations_bytes(distinct.shape[0], compute_dtype(coords).itemsize)
             if table_bytes <= STATE_BYTES:  # the bound of a layer's rotations made at once
                 table = self.rotations(distinct, layer)  # (H, distinct, G, b, b)
                 return (lambda start, stop: take_rotations(table, index[:, start:stop])), BLOCK_BYTES

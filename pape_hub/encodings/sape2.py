@@ -391,7 +391,7 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
             if stop == p + N:  # the layer's last block: its memories go when the attention drops it, not held through
                 # the MLP, where the forward's peak is (ViT-B/16, 1024 px, batch 8: a 201 MB block); the next layer
                 # makes them again, once a layer, not once a block
-                state.release("block", *(f"distances{axis}" for axis in range(len(keys_of_axes) or len(vectors))))
+                state.release("block", *(f"distances{axis}" for axis in range(len(keys_of_axes))))
             return out
 
         return rows
