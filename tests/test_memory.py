@@ -362,9 +362,9 @@ def test_training_counts_a_bias_the_batch_shares_once(encoding, shared, monkeypa
 def test_liere_blocks_of_per_sample_tokens_rotate_each_distinct_coordinate_once_a_layer(table, monkeypatch):
     """Without gradients on a large grid LieRE rotates a block of tokens at a time. A batch of grids repeats its cells,
     but a block of tokens shares few of them: blocks that each took their own distinct coordinates ran many more
-    ``matrix_exp`` (dense LieRE, a NaFlex batch at ViT-S/16: 3.9 s a forward against 2.5 s). So the layer's distinct
-    coordinates get one table, one ``matrix_exp`` call a layer, and each image keeps its own logits. The control: a
-    table over STATE_BYTES falls back to blocks that make their own, more calls."""
+    matrix exponentials (dense LieRE, a NaFlex batch at ViT-S/16: 3.9 s a forward against 2.5 s). So the layer's
+    distinct coordinates get one table, one ``rotation_exp`` call a layer, and each image keeps its own logits. The
+    control: a table over STATE_BYTES falls back to blocks that make their own, more calls."""
     from timm.data.naflex_transforms import patchify_image
 
     model = perturbed("vit_t4_liere").eval()
@@ -387,8 +387,8 @@ def test_liere_blocks_of_per_sample_tokens_rotate_each_distinct_coordinate_once_
     monkeypatch.setattr(liere, "BLOCK_BYTES", 200_000)
     monkeypatch.setattr(liere, "INFERENCE_BLOCK_BYTES", 200_000)
     calls = []
-    matrix_exp = torch.linalg.matrix_exp
-    monkeypatch.setattr(torch.linalg, "matrix_exp", lambda m: calls.append(m.shape[0]) or matrix_exp(m))
+    rotation_exp = liere.rotation_exp
+    monkeypatch.setattr(liere, "rotation_exp", lambda m: calls.append(m.shape[0]) or rotation_exp(m))
     with torch.no_grad():
         out = model(batch)
     assert (calls == [enc.ctx.num_heads * enc.num_blocks * distinct] * len(model.blocks)) == table
