@@ -266,3 +266,27 @@ def test_the_memory_probe_can_fix_glibcs_mmap_threshold_and_says_so(tmp_path, mo
     for bad in (["--mmap-threshold", "-1"], ["--mmap-threshold", "0", "--device", "cuda"]):
         with pytest.raises(ValueError, match="--mmap-threshold"):
             memory.run(parser.parse_args(bad))
+
+
+def test_the_goals_block_names_every_miss_and_why_or_that_it_is_not_explained(tmp_path):
+    """The issue's goals on memory and time, one row per goal and device measured: the worst encoding, and each one
+    over the line with its recorded reason, grouped by reason; a miss without one reads "not explained" (the control:
+    an encoding with no reason recorded), a goal without results has no row."""
+    from lab.commands.report import MISSED_BECAUSE, goals_block
+
+    provenance = {"commit": "0123456789abcdef"}
+    ratio = lambda memory, time: {"448": {"memory": memory, "time": time}}  # noqa: E731
+    train = {"provenance": provenance, "ratios": {"ape": ratio(1.0, 1.0), "liere8": ratio(1.4, 1.7),
+                                                  "liere": ratio(1.5, 7.0), "none": ratio(1.0, 1.6)}}
+    bench = {"provenance": provenance, "runs": [{"rows": {"timm_ape": {"infer_ms": 10.0}, "rope": {"infer_ms": 11.0},
+                                                          "timm_rope": {"infer_ms": 30.0}}}]}
+    (tmp_path / "memory_train_vit_s16_448_cpu.json").write_text(json.dumps(train))
+    (tmp_path / "bench_vit_b16_448_cpu.json").write_text(json.dumps(bench))
+    rows = [line for line in goals_block(tmp_path).splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 3  # training memory and time, inference time, on the CPU
+    memory_row, time_row, infer_row = rows
+    assert "`liere` 1.50x" in memory_row and memory_row.endswith("none: met |")
+    because = MISSED_BECAUSE[("train_time", "cpu", "liere")]
+    assert f"`liere` 7.00x: {because}" in time_row and "`none` 1.60x: not explained" in time_row
+    assert "`liere8` 1.70x: " + MISSED_BECAUSE[("train_time", "cpu", "liere8")] in time_row
+    assert "`rope` 1.10x" in infer_row and infer_row.endswith("none: met |") and "timm_rope" not in infer_row

@@ -426,6 +426,105 @@ def modalities_block(results: Path, name: str, command: str) -> str:
     return table + "\n" + verdict + "\n"
 
 
+#: the issue's goals (memory and time against tokens): (key, what, results kind) -- each block row reads one results
+#: file; "memory": ``lab memory`` ratios at a resolution, "fits": its peak against a machine, "bench": inference time
+#: against timm's ViT-B
+GOAL_ROWS = [
+    ("infer_memory", "inference peak memory at 896 px, ViT-S/16, batch 1", "memory_vit_s16{}.json", "896"),
+    ("infer_growth", "the same at 1024 px: growth in tokens like `ape`'s", "memory_vit_s16{}.json", "1024"),
+    ("fits", "ViT-B/16 at 1024 px, batch 8, runs on a 24 GB machine", "memory_vit_b16_1024_b8{}.json", "1024"),
+    ("train_memory", "training step at 448 px, ViT-S/16, batch 4: peak memory", "memory_train_vit_s16_448{}.json",
+     "448"),
+    ("train_time", "the same: time", "memory_train_vit_s16_448{}.json", "448"),
+    ("infer_time", "inference time at 448 px against timm's ViT-B/16", "bench_vit_b16_448{}.json", "448"),
+]
+_SAPE2_BIAS = ("its bias depends on content: per layer both axes' (B, heads, N, N) distances and their square roots, "
+               "then attention reads it as a mask; the ratio moves with the machine (the 448 px section)")
+_EXPONENTIALS = ("matrix exponentials of every token's {}, per head and layer, made, made again and differentiated "
+                 "each step (the paper's code makes layer 0's alone: its loop reuses them)")
+_MASKED_BACKWARD = ("no CPU attention kernel returns a bias gradient in torch 2.14, so each block of bias rows runs "
+                    "the math kernel, forward and backward")
+_GPU_BLOCKS = "4 MB blocks of rotations on a GPU, for time: 2 MB blocks reach 1.51x and take 1.5x as long"
+_GPU_SAPE2_MEMORY = "a few hundredths over: under autocast its distances run in float32"
+_GPU_LAUNCHES = ("eager, a few kernels more per layer on a forward of a few milliseconds: the H200 waits on their "
+                 "launches (compiled at 224 px: rotary 1.10-1.19x, PaPE 1.54-1.60x; the GPU section)")
+_GPU_EXPONENTIALS = ("torch's `matrix_exp`{} per token, head and layer (`rotation_exp` is CPU-only: not measured "
+                     "on a GPU)")
+#: why an encoding misses a goal on a device kind, where it does; encoding "*": any other encoding there (a miss with
+#: neither reads "not explained": a bug to look for). (goal, device kind, encoding) -> why
+MISSED_BECAUSE = {
+    ("infer_time", "cpu", "sape2"): _SAPE2_BIAS,
+    ("infer_time", "cpu", "sape2_ape"): _SAPE2_BIAS,
+    ("infer_time", "cpu", "liere"): "a 64x64 matrix exponential per token, head and layer in every forward (its "
+    "rotations are over `CACHE_BYTES` at this size)",
+    ("train_time", "cpu", "liere8"): _EXPONENTIALS.format("8x8 blocks"),
+    ("train_time", "cpu", "liere"): _EXPONENTIALS.format("64x64 rotation"),
+    ("train_time", "cpu", "sape2"): _MASKED_BACKWARD,
+    ("train_time", "cpu", "sape2_ape"): _MASKED_BACKWARD,
+    ("train_memory", "cpu", "liere"): "the C allocator's heap between blocks of rotations: live tensors are 1.18x "
+    "`ape`'s, and with glibc's mmap threshold fixed the step's peak is what it was with torch's `matrix_exp`",
+    ("infer_memory", "cuda", "liere8"): _GPU_BLOCKS,
+    ("infer_memory", "cuda", "liere"): _GPU_BLOCKS,
+    ("infer_memory", "cuda", "sape2"): _GPU_SAPE2_MEMORY,
+    ("infer_memory", "cuda", "sape2_ape"): _GPU_SAPE2_MEMORY,
+    ("infer_growth", "cuda", "liere8"): _GPU_BLOCKS,
+    ("infer_growth", "cuda", "liere"): _GPU_BLOCKS,
+    ("infer_growth", "cuda", "sape2"): _GPU_SAPE2_MEMORY,
+    ("infer_growth", "cuda", "sape2_ape"): _GPU_SAPE2_MEMORY,
+    ("train_time", "cuda", "liere8"): _GPU_EXPONENTIALS.format(" and its backward"),
+    ("train_time", "cuda", "liere"): _GPU_EXPONENTIALS.format(" and its backward"),
+    ("train_time", "cuda", "sape2"): "its per-sample bias sends the step blockwise: checkpointed blocks of 128 query "
+    "rows, a few dozen kernels each, forward, again in backward, and differentiated",
+    ("infer_time", "cuda", "liere"): "its rotations remade in every forward (over `CACHE_BYTES`): "
+    + _GPU_EXPONENTIALS.format(""),
+    ("infer_time", "cuda", "sape2"): "its content bias: some fifteen kernels per axis and layer",
+    ("train_time", "cuda", "*"): _GPU_LAUNCHES,
+    ("infer_time", "cuda", "*"): _GPU_LAUNCHES,
+}
+MISSED_BECAUSE[("train_time", "cuda", "sape2_ape")] = MISSED_BECAUSE[("train_time", "cuda", "sape2")]
+MISSED_BECAUSE[("infer_time", "cuda", "sape2_ape")] = MISSED_BECAUSE[("infer_time", "cuda", "sape2")]
+
+
+def goal_ratios(data: dict[str, Any], goal: str, at: str) -> tuple[dict[str, float], float]:
+    """Per encoding, the measured ratio (or GB) of ``goal`` in a results file, and the line it must stay under."""
+    from .memory import GOALS
+
+    if goal == "infer_time":
+        rows = data["runs"][0]["rows"]
+        base = rows["timm_ape"]["infer_ms"]
+        return {k: r["infer_ms"] / base for k, r in rows.items() if not k.startswith("timm_")}, GOALS[goal]
+    if goal == "fits":
+        return {k: r[at]["peak_mb"] / 1024 for k, r in data["rows"].items() if "peak_mb" in r.get(at, {})}, 24.0
+    field = "time" if goal == "train_time" else "memory"
+    line = GOALS["infer_memory" if goal == "infer_growth" else goal]
+    return {k: r[at][field] for k, r in data["ratios"].items() if r.get(at)}, line
+
+
+def goals_block(results: Path) -> str:
+    """Every goal of the issue on memory and time against tokens, per device measured: the worst encoding, and each
+    one over the line with why (:data:`MISSED_BECAUSE`)."""
+    lines = ["| goal | measured on | line | worst | over the line, and why |", "|---|---|---|---|---|"]
+    for goal, what, name, at in GOAL_ROWS:
+        for device, suffix in (("cpu", "_cpu"), ("cuda", "_cuda")):
+            data = load(results, name.format(suffix))
+            if data is None:
+                continue
+            ratios, line = goal_ratios(data, goal, at)
+            unit = " GB" if goal == "fits" else "x"
+            worst = max(ratios, key=ratios.get)
+            reasons: dict[str, list[str]] = {}  # why -> the encodings over the line for it, worst first
+            for k in sorted((k for k, v in ratios.items() if v > line), key=lambda k: -ratios[k]):
+                because = MISSED_BECAUSE.get((goal, device, k)) or MISSED_BECAUSE.get((goal, device, "*"))
+                reasons.setdefault(because or "not explained", []).append(f"`{k}` {ratios[k]:.2f}{unit}")
+            why = "; ".join(f"{', '.join(names)}: {because}" for because, names in reasons.items()) or "none: met"
+            where = "CPU" if device == "cpu" else str(data.get("device", "GPU")).split(",")[0]
+            lines.append(f"| {what} | {where} (`{name.format(suffix)}`, commit `{data['provenance']['commit'][:7]}`) | "
+                         f"{line:g}{unit} | `{worst}` {ratios[worst]:.2f}{unit} | {why} |")
+    lines += ["", "Ratios against `ape` (memory, training time) or timm's ViT-B/16 (inference time), from the results "
+              "files named, each measured as the tables below say. Written by `python -m lab report` from those files."]
+    return "\n".join(lines) + "\n"
+
+
 #: README block name -> (results kind it needs, generator). Kind None: generated from code, not results.
 BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "encodings": (None, encodings_block),
@@ -473,6 +572,7 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "bench_b16_224_compiled_cuda": ("bench", lambda r: bench_block(r, "bench_vit_b16_224_compiled_cuda.json")),
     "memory_s16_cuda": ("bench", lambda r: memory_block(r, "memory_vit_s16_cuda.json")),
     "memory_train_s16_448_cuda": ("bench", lambda r: memory_block(r, "memory_train_vit_s16_448_cuda.json", 448)),
+    "goals_memory_time": ("bench", goals_block),
     "memory_b16_1024_b8_cuda": ("bench", lambda r: memory_block(r, "memory_vit_b16_1024_b8_cuda.json", 1024,
                                                                 machine_gb=24)),
 }
