@@ -167,8 +167,8 @@ def rotation_exp(log_rot: torch.Tensor) -> torch.Tensor:
     scaled by the power of two 2^-s that brings its 1-norm under :data:`TAYLOR_THETA`, a degree-12 Taylor polynomial,
     then squared s times; :data:`EXP_CHUNK_BYTES` of matrices at a time. ``torch.linalg.matrix_exp`` does the same with
     a degree chosen per matrix, but on CPU it sorts its batch by degree with gathers and copies around every call, and
-    its backward takes the exponential of a (2b, 2b) block matrix: one layer of LieRE-8 at ViT-S/16 448 px took 48 ms
-    forward and 270 ms with backward there, dense LieRE 0.76 s and 6.5 s (docs/speed.md gives this function's). Its
+    its backward takes the exponential of a (2b, 2b) block matrix: one layer of LieRE-8 at ViT-S/16 448 px took 57 ms
+    forward and 454 ms with backward there, dense LieRE 0.93 s and 6.05 s (docs/speed.md gives this function's). Its
     forward allocates a few buffers a chunk and keeps none (the C allocator held 2.4 GB in LieRE-8's training step at
     that size with one autograd graph over every chunk's products, against 1.8 GB with torch's); its backward
     differentiates a chunk's products, made again."""
