@@ -22,8 +22,8 @@ with gradient checkpointing they are recomputed there, and only one layer's inte
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -70,96 +70,122 @@ def skew_symmetric(raw: torch.Tensor) -> torch.Tensor:
 #: degree 12: its truncation error is at most theta^13 / 13! / (1 - theta / 14), under the unit roundoff (2^-24 in
 #: float32: theta 1.5 gives 5.4e-8; 2^-53 in float64: theta 0.33 gives 9.2e-17)
 TAYLOR_THETA = {torch.float32: 1.5, torch.float64: 0.33}
-#: generator sums :func:`rotation_exp` takes at a time: a chunk's half-dozen buffers stay in a core's cache, and they
-#: are small enough for the C allocator to reuse between layers (dense LieRE at ViT-S/16, 448 px, one layer: forward
-#: 1.05 s in one piece, 0.31 s in 1 MB chunks)
+#: generator sums :func:`rotation_exp` takes at a time: a chunk's buffers stay in a core's cache, and they are small
+#: enough for the C allocator to reuse between layers (dense LieRE at ViT-S/16, 448 px, one layer: forward 1.05 s in
+#: one piece, 0.31 s in 1 MB chunks)
 EXP_CHUNK_BYTES = 1 << 20
 #: 1 / k! for the Taylor polynomial
 _INVERSE_FACTORIALS = [1 / math.factorial(k) for k in range(13)]
 
 
-def scaled_generators(log_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(n, b, b) -> (each matrix times 2^-s, s): s the fewest halvings that bring its 1-norm (largest column sum)
-    under :data:`TAYLOR_THETA`; powers of two, so the scaling is exact."""
-    norms = log_rot.detach().abs().sum(-2).amax(-1)  # (n,)
-    squarings = torch.log2(norms / TAYLOR_THETA[log_rot.dtype]).ceil().clamp(min=0)  # 0 for a zero matrix
-    return log_rot * torch.exp2(-squarings)[:, None, None], squarings
+def squaring_counts(log_rot: torch.Tensor) -> torch.Tensor:
+    """(n, b, b) -> (n,) int64: the fewest halvings s that bring each matrix's 1-norm (largest column sum) under
+    :data:`TAYLOR_THETA`; 0 for a zero matrix, and for a non-finite one (its exponential is not finite either way)."""
+    norms = log_rot.detach().abs().sum(-2).amax(-1)
+    squarings = torch.log2(norms / TAYLOR_THETA[log_rot.dtype]).ceil().clamp(min=0)
+    return squarings.nan_to_num(0.0, posinf=0.0).long()
 
 
-def cubic(k: int, x: torch.Tensor, x2: torch.Tensor, x3: torch.Tensor, out: torch.Tensor | None = None
-          ) -> torch.Tensor:
-    """c_k I + c_k+1 x + c_k+2 x^2 + c_k+3 x^3 (c = 1 / k!), into ``out`` where given (no autograd), with the same
-    operations and bits either way."""
+def squared_prefixes(squarings: torch.Tensor) -> list[int]:
+    """``squarings`` (n,) in descending order -> how many matrices each squaring step takes: step j squares the
+    first count_j, those with more than j squarings."""
+    per_count = torch.bincount(squarings).tolist()  # matrices with 0, 1, ... squarings
+    return [sum(per_count[step + 1 :]) for step in range(len(per_count) - 1)]
+
+
+def cubic(k: int, x: torch.Tensor, x2: torch.Tensor, x3: torch.Tensor) -> torch.Tensor:
+    """c_k I + c_k+1 x + c_k+2 x^2 + c_k+3 x^3 (c = 1 / k!), in a fresh tensor."""
     c = _INVERSE_FACTORIALS
-    if out is None:
-        out = torch.add(torch.add(x3 * c[k + 3], x2, alpha=c[k + 2]), x, alpha=c[k + 1])
-        return out + c[k] * torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
-    torch.mul(x3, c[k + 3], out=out).add_(x2, alpha=c[k + 2]).add_(x, alpha=c[k + 1])
+    out = torch.mul(x3, c[k + 3]).add_(x2, alpha=c[k + 2]).add_(x, alpha=c[k + 1])
     out.diagonal(dim1=-2, dim2=-1).add_(c[k])
     return out
 
 
-def differentiable_exp(log_rot: torch.Tensor) -> torch.Tensor:
-    """(n, b, b) -> exp, by autograd-visible operations: the degree-12 Taylor polynomial of each scaled matrix by
-    Paterson-Stockmeyer in x^4 (five matrix products), then s squarings of the whole chunk, each kept where a matrix
-    still needs it. The same bits as :func:`exp_into`, which :class:`RotationExp`'s backward differentiates this for."""
-    x, squarings = scaled_generators(log_rot)
-    x2 = x @ x
-    x3, x4 = x2 @ x, x2 @ x2
-    inner = torch.baddbmm(cubic(4, x, x2, x3), x4, cubic(8, x, x2, x3).add(x4, alpha=_INVERSE_FACTORIALS[12]))
-    exp = torch.baddbmm(cubic(0, x, x2, x3), x4, inner)
-    for step in range(int(squarings.max())):
-        exp = torch.where((squarings > step)[:, None, None], exp @ exp, exp)
-    return exp
+class TaylorTerms(NamedTuple):
+    """The degree-12 Taylor polynomial of scaled generators x (n, b, b) by Paterson-Stockmeyer in x^4, five matrix
+    products: high = C_8 + x^4 / 12!, inner = C_4 + x^4 high, exp = C_0 + x^4 inner, C_k the :func:`cubic` terms.
+    Each term is kept: the backward differentiates through them."""
+
+    x: torch.Tensor
+    x2: torch.Tensor
+    x3: torch.Tensor
+    x4: torch.Tensor
+    high: torch.Tensor
+    inner: torch.Tensor
+    exp: torch.Tensor
+
+    @classmethod
+    def of(cls, x: torch.Tensor) -> TaylorTerms:
+        x2 = torch.bmm(x, x)
+        x3, x4 = torch.bmm(x2, x), torch.bmm(x2, x2)
+        high = cubic(8, x, x2, x3).add_(x4, alpha=_INVERSE_FACTORIALS[12])
+        inner = cubic(4, x, x2, x3).baddbmm_(x4, high)
+        return cls(x, x2, x3, x4, high, inner, cubic(0, x, x2, x3).baddbmm_(x4, inner))
+
+    def backward(self, grad: torch.Tensor) -> torch.Tensor:
+        """The gradient for x from the gradient for ``exp``: each product A B gives grad B^T to A and A^T grad to B."""
+        x, x2, x3, x4, high, inner, _ = self
+        c = _INVERSE_FACTORIALS
+        grad_inner = torch.bmm(x4.mT, grad)  # exp = C_0 + x4 inner
+        grad_x4 = torch.bmm(grad, inner.mT)
+        grad_high = torch.bmm(x4.mT, grad_inner)  # inner = C_4 + x4 high
+        grad_x4.baddbmm_(grad_inner, high.mT).add_(grad_high, alpha=c[12])  # high = C_8 + x4 / 12!
+        # C_k = c_k I + c_k+1 x + c_k+2 x2 + c_k+3 x3, with gradients grad (k = 0), grad_inner (4) and grad_high (8)
+        grad_x, grad_x2, grad_x3 = (
+            torch.mul(grad, c[1 + power]).add_(grad_inner, alpha=c[5 + power]).add_(grad_high, alpha=c[9 + power])
+            for power in range(3))
+        grad_x2.baddbmm_(grad_x4, x2.mT).baddbmm_(x2.mT, grad_x4)  # x4 = x2 x2
+        grad_x2.baddbmm_(grad_x3, x.mT)  # x3 = x2 x
+        grad_x.baddbmm_(x2.mT, grad_x3)
+        return grad_x.baddbmm_(grad_x2, x.mT).baddbmm_(x.mT, grad_x2)  # x2 = x x
 
 
-def exp_into(out: torch.Tensor, log_rot: torch.Tensor) -> None:
-    """:func:`differentiable_exp` of ``log_rot`` (n, b, b) written into ``out``, without autograd, in six buffers."""
-    x, squarings = scaled_generators(log_rot)
-    x2 = torch.bmm(x, x)
-    x3, x4 = torch.bmm(x2, x), torch.bmm(x2, x2)
-    high = cubic(8, x, x2, x3, out=torch.empty_like(x)).add_(x4, alpha=_INVERSE_FACTORIALS[12])
-    inner = cubic(4, x, x2, x3, out=torch.empty_like(x)).baddbmm_(x4, high)
-    exp, spare = cubic(0, x, x2, x3, out=high).baddbmm_(x4, inner), inner
-    for step in range(int(squarings.max())):
-        torch.bmm(exp, exp, out=spare)
-        still = squarings > step
-        if bool(still.all()):
-            exp, spare = spare, exp
-        else:
-            torch.where(still[:, None, None], spare, exp, out=exp)
-    out.copy_(exp)
+def sorted_chunks(log_rot: torch.Tensor, order: torch.Tensor, squarings: torch.Tensor
+                  ) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[int], torch.Tensor]]:
+    """:data:`EXP_CHUNK_BYTES` of matrices at a time in ``order`` (most squarings first): each chunk's indices into
+    ``log_rot``, its matrices scaled by 2^-s (exact), :func:`squared_prefixes` and the scales."""
+    step = max(1, EXP_CHUNK_BYTES // max(1, log_rot[:1].numel() * log_rot.element_size()))
+    for start in range(0, log_rot.shape[0], step):
+        index, counts = order[start : start + step], squarings[start : start + step]
+        scales = torch.exp2(-counts.to(log_rot.dtype))[:, None, None]
+        yield index, log_rot.index_select(0, index) * scales, squared_prefixes(counts), scales
 
 
 class RotationExp(torch.autograd.Function):
-    """:func:`rotation_exp`: the forward without autograd (:func:`exp_into`, a chunk at a time); the backward makes
-    each chunk again with autograd and differentiates it there (a checkpoint of each chunk), so that no chunk's
-    intermediates outlive it."""
+    """:func:`rotation_exp`, its backward by hand: each chunk's Taylor terms and squarings made again (no autograd),
+    then differentiated in reverse, so that no chunk's intermediates outlive it and only the generator sums are
+    saved. The matrices go sorted by their number of squarings, so that each squaring step is one matrix product over
+    the first matrices of a chunk, those that still need it."""
 
     @staticmethod
     def forward(ctx: Any, log_rot: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(log_rot)
+        squarings, order = squaring_counts(log_rot).sort(descending=True, stable=True)
+        ctx.save_for_backward(log_rot, order, squarings)
         out = torch.empty_like(log_rot)
-        for part in exp_chunks(log_rot):
-            exp_into(out[part], log_rot[part])
+        for index, x, counts, _ in sorted_chunks(log_rot, order, squarings):
+            exp = TaylorTerms.of(x).exp
+            for count in counts:  # the matrices past `count` are done: written, then squared no more
+                out.index_copy_(0, index[count : exp.shape[0]], exp[count:])
+                exp = torch.bmm(exp[:count], exp[:count])
+            out.index_copy_(0, index[: exp.shape[0]], exp)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        (log_rot,) = ctx.saved_tensors
+        log_rot, order, squarings = ctx.saved_tensors
         grad_in = torch.empty_like(log_rot)
-        for part in exp_chunks(log_rot):
-            with torch.enable_grad():
-                chunk = log_rot[part].detach().requires_grad_()
-                (grad_in[part],) = torch.autograd.grad(differentiable_exp(chunk), chunk, grad[part])
+        for index, x, counts, scales in sorted_chunks(log_rot, order, squarings):
+            terms = TaylorTerms.of(x)
+            powers = [terms.exp]  # before each squaring step: (count_j, b, b)
+            for count in counts:
+                powers.append(torch.bmm(powers[-1][:count], powers[-1][:count]))
+            chunk_grad = grad.index_select(0, index)
+            for count, power in zip(reversed(counts), reversed(powers[:-1])):  # E' = E E: E gets g E^T + E^T g
+                before = power[:count]
+                chunk_grad[:count] = torch.bmm(chunk_grad[:count], before.mT).baddbmm_(before.mT, chunk_grad[:count])
+            grad_in.index_copy_(0, index, terms.backward(chunk_grad) * scales)
         return grad_in
-
-
-def exp_chunks(log_rot: torch.Tensor) -> list[slice]:
-    """Slices of :data:`EXP_CHUNK_BYTES` of ``log_rot``'s (n, b, b) matrices."""
-    step = max(1, EXP_CHUNK_BYTES // max(1, log_rot[:1].numel() * log_rot.element_size()))
-    return [slice(start, start + step) for start in range(0, log_rot.shape[0], step)]
 
 
 def rotation_exp(log_rot: torch.Tensor) -> torch.Tensor:
@@ -168,10 +194,8 @@ def rotation_exp(log_rot: torch.Tensor) -> torch.Tensor:
     then squared s times; :data:`EXP_CHUNK_BYTES` of matrices at a time. ``torch.linalg.matrix_exp`` does the same with
     a degree chosen per matrix, but on CPU it sorts its batch by degree with gathers and copies around every call, and
     its backward takes the exponential of a (2b, 2b) block matrix: one layer of LieRE-8 at ViT-S/16 448 px took 57 ms
-    forward and 454 ms with backward there, dense LieRE 0.93 s and 6.05 s (docs/speed.md gives this function's). Its
-    forward allocates a few buffers a chunk and keeps none (the C allocator held 2.4 GB in LieRE-8's training step at
-    that size with one autograd graph over every chunk's products, against 1.8 GB with torch's); its backward
-    differentiates a chunk's products, made again."""
+    forward and 454 ms with backward there, dense LieRE 0.93 s and 6.05 s (docs/speed.md gives this function's). It
+    saves only its input for the backward (:class:`RotationExp`)."""
     return RotationExp.apply(log_rot)
 
 
@@ -302,8 +326,9 @@ class LieRE(PositionEncoding):
         if torch.compiler.is_compiling():  # one graph: the layer's rotations at once
             return self.rotate_block(qk, coords, layer)
         if size <= STATE_BYTES:  # the layer's rotations at once; in training recomputed in backward (checkpointed):
-            # matrix_exp's backward would otherwise keep several times the rotations of every layer (2.2x a plain
-            # ViT's training memory at ViT-S/16, 448 px, for LieRE-8)
+            # autograd would otherwise keep every layer's rotations, generator sums and unrotated queries and keys
+            # (LieRE-8 at ViT-S/16, 448 px, batch 4: 1.58 GB against 1.39 GB, for 2% of the step's time; torch's
+            # matrix_exp kept several times the rotations: 2.2x a plain ViT's training memory)
             return checkpoint(self.rotate_block, qk, coords, layer, use_reentrant=False) \
                 if torch.is_grad_enabled() and self.generators.requires_grad else self.rotate_block(qk, coords, layer)
         # a large grid: the rotations of a block of tokens, used and dropped; in training each block is recomputed
