@@ -46,11 +46,16 @@ def assert_same(a, b) -> None:
         torch.testing.assert_close(a[1][name], b[1][name], rtol=1e-9, atol=1e-9, msg=name)
 
 
-@pytest.mark.parametrize("encoding", ["alibi", "lookhere", "sape2", "sape2_ape"])
-def test_blockwise_bias_attention_is_the_whole_bias(encoding, monkeypatch):
+@pytest.mark.parametrize("encoding, by_hand", [("alibi", True), ("lookhere", True), ("sape2", True),
+                                               ("sape2_ape", True), ("sape2", False), ("lookhere", False)])
+def test_blockwise_bias_attention_is_the_whole_bias(encoding, by_hand, monkeypatch):
+    """Outputs and gradients, by :class:`BlockwiseBiasAttention` (CPU training) and by SDPA with each block
+    checkpointed (a GPU's path, forced here)."""
     model = perturbed(f"vit_t4_{encoding}")
     x = torch.randn(2, 3, 40, 48, dtype=torch.float64)
     whole = outputs_and_gradients(model, x)
+    if not by_hand:
+        monkeypatch.setattr(attention, "bias_gradient_by_hand", lambda q, dropout: False)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
     monkeypatch.setattr(attention, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
     if encoding.startswith("sape2"):
@@ -238,9 +243,10 @@ def test_blockwise_attention_writes_each_block_into_the_layers_output_without_gr
     """Without gradients each block's attention output goes straight into the layer's (B, H, T, hd) output, with the
     outputs of the whole-bias path: blocks kept for a final ``cat`` sat between the freed biases on
     glibc's heap (LookHere at ViT-S/16 896 px: 287-296 MB resident against 119-136 MB). The control: with gradients
-    (checkpointed blocks) the outputs are concatenated."""
+    through SDPA (checkpointed blocks, as on a GPU) the outputs are concatenated."""
     model = perturbed("vit_t4_lookhere").eval()
     x = torch.randn(2, 3, 40, 48, dtype=torch.float64)
+    monkeypatch.setattr(attention, "bias_gradient_by_hand", lambda q, dropout: False)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
     monkeypatch.setattr(attention, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
     with torch.set_grad_enabled(grad):
@@ -273,7 +279,8 @@ def test_sape2_keeps_one_factor_an_axis_and_drops_the_vectors_in_place():
     """Without gradients on CPU a layer keeps only the keys' side of each axis's distances (B * H, N, L + 2), and
     drops each axis's SaPE vectors once its factor is made: with both sides of the product kept beside the vectors
     and their scaled copies, SaPE² at ViT-B/16, 1024 px, batch 8 held 1,772 MB resident against 1,642 MB before the
-    factors (docs/speed.md). The control: with gradients nothing is factored and the vectors stay."""
+    factors (docs/speed.md). The control: with gradients nothing is factored, and the rows name the scaled vectors as
+    their inputs."""
     from helpers import make_encoding, random_qkx
 
     grid = (6, 7)
@@ -293,13 +300,67 @@ def test_sape2_keeps_one_factor_an_axis_and_drops_the_vectors_in_place():
 
     for grad in (False, True):
         with torch.set_grad_enabled(grad):
-            vectors = enc.sape_vectors(0, q, k, state)
+            vectors = enc.sape_vectors(0, q.requires_grad_(grad), k, state)
             shapes = [tuple(v.shape) for v in vectors]  # (B, H, N, L) per axis
-            kept = sorted(set(held(enc.distance_rows(vectors, state))))
-            if grad:
-                assert len(vectors) == 2 and kept == sorted(set(shapes))  # the scaled vectors, no factor
+            rows = enc.distance_rows(vectors, state)
+            if grad:  # the rows' inputs, for blockwise attention's backward: the scaled vectors, no factor
+                assert isinstance(rows, base.BiasRows) and len(vectors) == 2
+                assert sorted({tuple(t.shape) for t in rows.inputs}) == sorted(set(shapes))
             else:
-                assert vectors == [] and kept == sorted({(B * H, N, L + 2) for B, H, N, L in shapes})
+                assert vectors == [] and sorted(set(held(rows))) == sorted({(B * H, N, L + 2) for B, H, N, L in shapes})
+
+
+def test_blockwise_bias_attention_by_hand_is_sdpas_math_and_names_its_inputs():
+    """:class:`BlockwiseBiasAttention` against SDPA's math kernel on the whole bias, in float64: outputs and the
+    gradients of q, k, v and of the tensor the bias is made from, with a query row that sees no key (zeros, as SDPA's
+    safe softmax gives) and a bias the batch shares. The control: bias rows that need gradients from a tensor they do
+    not name fail loudly in backward instead of dropping its gradient."""
+    torch.manual_seed(0)
+    B, H, T, d = 2, 3, 20, 8
+    q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    table = torch.randn(1, H, T, T, dtype=torch.float64, requires_grad=True)
+    hidden = torch.zeros(1, 1, T, T, dtype=torch.bool)
+    hidden[..., 4, :] = True  # query 4 sees no key
+    make = lambda start, stop, t: (t * 2).masked_fill(hidden, float("-inf"))[:, :, start:stop]  # noqa: E731
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention, "BLOCK_ROWS", 7)
+        ours = attention.BlockwiseBiasAttention.apply(q, k, v, base.BiasRows(make, (table,)), 0.3, table)
+        theirs = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=make(0, T, table), scale=0.3)
+        assert ours[:, :, 4].abs().max() == 0 and theirs[:, :, 4].abs().max() == 0
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+        weights = torch.randn_like(ours)
+        grads = [torch.autograd.grad((out * weights).sum(), (q, k, v, table)) for out in (ours, theirs)]
+        for name, a, b in zip("q k v bias".split(), *grads):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=name)
+        unnamed = base.BiasRows(lambda start, stop: make(start, stop, table))  # control: the table, unnamed
+        out = attention.BlockwiseBiasAttention.apply(q, k, v, unnamed, 0.3)
+        with pytest.raises(RuntimeError, match="do not name"):
+            out.sum().backward()
+
+
+@pytest.mark.parametrize("encoding", ["lookhere", "sape2"])
+def test_blockwise_training_with_padding_gives_the_whole_bias_gradients(encoding, monkeypatch):
+    """A padded NaFlex batch in training: the bias per sample, the padding mask in each block, gradients by hand
+    through every bias input (SaPE²'s vectors), as the whole-bias path gives them."""
+    from timm.data.naflex_transforms import patchify_image
+
+    model = perturbed(f"vit_t4_{encoding}")
+    images = [torch.randn(3, 32, 48, dtype=torch.float64), torch.randn(3, 40, 40, dtype=torch.float64)]
+    parts = [patchify_image(image, (4, 4))[:2] for image in images]
+    length = max(len(p) for p, _ in parts) + 3
+    batch = dict(patches=torch.zeros(2, length, 48, dtype=torch.float64),
+                 patch_coord=torch.zeros(2, length, 2, dtype=torch.long),
+                 patch_valid=torch.zeros(2, length, dtype=torch.bool))
+    for i, (p, c) in enumerate(parts):
+        batch["patches"][i, : len(p)], batch["patch_coord"][i, : len(p)], batch["patch_valid"][i, : len(p)] = p, c, 1
+    whole = outputs_and_gradients(model, batch)
+    monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
+    monkeypatch.setattr(attention, "BLOCK_ROWS", 9)
+    calls = []
+    by_hand = attention.BlockwiseBiasAttention.apply
+    monkeypatch.setattr(attention.BlockwiseBiasAttention, "apply", lambda *a: calls.append(1) or by_hand(*a))
+    assert_same(outputs_and_gradients(model, batch), whole)
+    assert calls  # the gradients came by hand
 
 
 @pytest.mark.parametrize("encoding", ["alibi", "lookhere"])

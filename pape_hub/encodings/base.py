@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    "BLOCKWISE_FROM", "BLOCK_ROWS", "STATE_BYTES", "BiasCoords", "EncodingContext", "PositionEncoding",
+    "BLOCKWISE_FROM", "BLOCK_ROWS", "STATE_BYTES", "BiasCoords", "BiasRows", "EncodingContext", "PositionEncoding",
     "TokenPositions", "autocast_dtype", "blockwise", "compute_dtype", "full_precision", "grid_positions",
     "pad_prefix_bias",
 ]
@@ -220,6 +220,20 @@ class BiasCoords(NamedTuple):
         return self.coords[:, start:stop], self.coords, self.patch[start:stop, None] & self.patch[None, :]
 
 
+class BiasRows(NamedTuple):
+    """Rows of a bias made from tensors it is differentiable in: ``make(start, stop, *inputs)`` gives rows
+    ``start:stop``. Blockwise attention in training on CPU keeps no block of the bias: its backward makes each block
+    again from ``inputs`` and hands them their gradients. So an encoding whose bias rows need gradients (SaPE²'s,
+    from its per-token vectors) names the tensors here, and ``make`` reads only those, not a closure's own copies; a
+    bias free of gradients may be a plain function of (start, stop) (ALiBi's, LookHere's, from coordinates)."""
+
+    make: Callable[..., torch.Tensor]
+    inputs: tuple[torch.Tensor, ...] = ()
+
+    def __call__(self, start: int, stop: int) -> torch.Tensor:
+        return self.make(start, stop, *self.inputs)
+
+
 def full_precision(device: torch.device) -> Any:
     """A context in which positional arithmetic is not autocast (a no-op on devices without autocast, e.g.
     ``meta``, where timm's tests run models)."""
@@ -309,10 +323,11 @@ class PositionEncoding(nn.Module):
         return batch
 
     def attn_bias_rows(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any
-                       ) -> Callable[[int, int], torch.Tensor] | None:
+                       ) -> Callable[[int, int], torch.Tensor] | BiasRows | None:
         """The bias one block of query rows at a time, for long sequences (:data:`BLOCKWISE_FROM`): a function of
-        (start, stop) giving rows ``start:stop`` of :meth:`attn_bias`, (heads | B, heads, stop - start, P+N), exactly.
-        None: the encoding has no blockwise form, and attention takes the whole bias."""
+        (start, stop) giving rows ``start:stop`` of :meth:`attn_bias`, (heads | B, heads, stop - start, P+N), exactly;
+        a :class:`BiasRows` where those rows need gradients. None: the encoding has no blockwise form, and attention
+        takes the whole bias."""
         return None
 
     def set_grid_size(self, grid_size: tuple[int, ...], old_grid_size: tuple[int, ...]) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -32,7 +33,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .absolute import AddsLearnedTable
-from .base import EncodingContext, PositionEncoding, TokenPositions
+from .base import BiasRows, EncodingContext, PositionEncoding, TokenPositions
 from .registry import register_encoding
 
 __all__ = ["SaPE2", "SaPE2State"]
@@ -188,6 +189,23 @@ def sum_into(out: torch.Tensor, terms: list[torch.Tensor], in_place: bool) -> No
         out.copy_(partial + terms[-1])  # compiled graph; a copy has neither problem
     else:  # the last sum written in place: no (B, H, r, N) temporary
         torch.add(partial, terms[-1], out=out)
+
+
+def bias_rows_of(start: int, stop: int, *vectors: torch.Tensor, prefix: int, out: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """Rows ``start:stop`` of eq. 16's bias, (B, H, rows, P+N), from every patch token's scaled SaPE vectors ((B, H, N,
+    L) per axis): the sum over axes of the distances, zero in the ``prefix`` rows and columns; into ``out`` where given
+    (a block of the whole bias). All rows' distances are taken before the block is made, so that their own temporaries
+    are freed by then, not beside it (and in one call: no loop over sizes that torch.export keeps symbolic)."""
+    first, last = max(start, prefix) - prefix, stop - prefix  # the block's patch rows
+    terms = [pairwise_l2(v[:, :, first:last], v) for v in vectors]  # per axis (B, H, last - first, N)
+    B, H, N, _ = vectors[0].shape
+    out = vectors[0].new_empty(B, H, stop - start, prefix + N) if out is None else out
+    head = stop - start - (last - first)  # prefix rows in the block: no bias, as the prefix columns
+    out[:, :, :head].zero_()
+    out[:, :, head:, :prefix].zero_()
+    sum_into(out[:, :, head:, prefix:], terms, in_place=False)
+    return out
 
 
 def in_place_distance_sums(target: torch.Tensor, keys_of_axes: list[torch.Tensor], vectors: list[torch.Tensor],
@@ -349,43 +367,40 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
             else self.sape_vectors(layer, q, k, state, LINE_BLOCK_ELEMENTS)
         return self.distance_rows(vectors, state)
 
-    def distance_rows(self, vectors: list[torch.Tensor], state: SaPE2State) -> Callable[..., torch.Tensor]:
+    def distance_rows(self, vectors: list[torch.Tensor], state: SaPE2State
+                      ) -> Callable[..., torch.Tensor] | BiasRows:
         """Eq. 16 from every patch token's SaPE vectors ((B, H, N, L) per axis): rows ``start:stop`` of the bias,
         (B, H, rows, P+N), the sum over axes of the distances, divided by sqrt(d) too (the vectors are scaled first:
-        ||s a - s b|| = s ||a - b||). Prefix rows and columns get no bias. Rows are written into ``out`` where given
-        (a block of the whole bias), else into a block of their own. On CPU without gradients the blocks and their
+        ||s a - s b|| = s ||a - b||; :func:`bias_rows_of`). Prefix rows and columns get no bias. Rows are written into
+        ``out`` where given (a block of the whole bias), else into a block of their own. Where the vectors need
+        gradients, a :class:`BiasRows` of the scaled vectors. On CPU without gradients the blocks and their
         distances live in ``state``'s memories, and in float32 / float64 the distances are cdist's matmul form with
         its keys' side made once per layer (:func:`gram_keys`): cdist's values, but for the rounding of a vector's
         distance to itself (0, the square root of rounding in this form), which moves with the chunks' sizes. There
         ``vectors`` is emptied, each axis's vectors dropped once its factor is made (the factor holds all the rows
         need; ViT-B/16, 1024 px, batch 8: 100 MB a tensor)."""
         p, scale = self.ctx.num_prefix_tokens, self.ctx.head_dim**-0.5
-        in_place = writes_in_place(vectors[0])
         B, H, N, _ = vectors[0].shape
-        gram = in_place and vectors[0].dtype in (torch.float32, torch.float64) and N >= CDIST_MM_FROM
+        if not writes_in_place(vectors[0]):
+            scaled = tuple(v * scale for v in vectors)
+            rows_of = partial(bias_rows_of, prefix=p)
+            if any(v.requires_grad for v in scaled):  # rows a backward can make again from the vectors alone
+                return BiasRows(rows_of, scaled)
+            return lambda start, stop, out=None: rows_of(start, stop, *scaled, out=out)
+        gram = vectors[0].dtype in (torch.float32, torch.float64) and N >= CDIST_MM_FROM
         keys_of_axes: list[torch.Tensor] = []  # per axis (B * H, N, L + 2): the pairs flattened, as chunks take them
         while gram and vectors:
             keys_of_axes.append(gram_keys(vectors.pop(0) * scale).flatten(0, 1))
         vectors = [v * scale for v in vectors]  # none left where the factors were made
         like = keys_of_axes[0] if gram else vectors[0]
 
-        def distances(first: int, last: int) -> list[torch.Tensor]:  # per axis (B, H, last - first, N)
-            return [pairwise_l2(v[:, :, first:last], v) for v in vectors]
-
         def rows(start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
-            first, last = max(start, p) - p, stop - p  # the block's patch rows
-            # all rows' distances at once where not in place (no loop over sizes that torch.export keeps symbolic),
-            # taken before the block is made: the distances' own temporaries are freed by then, not beside it
-            terms = None if in_place else distances(first, last)
             if out is None:
-                shape = (B, H, stop - start, p + N)
-                out = state.scratch("block", like, shape) if in_place else like.new_empty(shape)
+                out = state.scratch("block", like, (B, H, stop - start, p + N))
+            first, last = max(start, p) - p, stop - p  # the block's patch rows
             head = stop - start - (last - first)  # prefix rows in the block: no bias, as the prefix columns
             out[:, :, :head].zero_()
             out[:, :, head:, :p].zero_()
-            if terms is not None:
-                sum_into(out[:, :, head:, p:], terms, in_place)
-                return out
             target = out.view(B * H, *out.shape[2:])[:, head:, p:]  # (B * H, last - first, N); out is scratch
             in_place_distance_sums(target, keys_of_axes, vectors, state, first, last)
             if stop == p + N:  # the layer's last block: its memories go when the attention drops it, not held through

@@ -6,16 +6,16 @@ and its per-forward state at call time and calls its hooks for this layer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from timm.layers import DropPath, LayerNorm, LayerScale, Mlp, SwiGLU, register_notrace_function
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
-from ..encodings.base import BLOCK_ROWS, PositionEncoding, blockwise
+from ..encodings.base import BLOCK_ROWS, BiasRows, PositionEncoding, blockwise
 
 __all__ = ["BlockState", "PositionalAttention", "PositionalBlock", "encoding_attn_bias", "encoding_transform_qk"]
 
@@ -65,15 +65,18 @@ def with_mask(bias: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 @register_notrace_function
 def encoding_bias_blocks(encoding: PositionEncoding, layer: int, q: torch.Tensor, k: torch.Tensor, state: Any,
-                         mask: torch.Tensor | None) -> Callable[[int, int], torch.Tensor] | None:
+                         mask: torch.Tensor | None) -> BiasRows | None:
     """Rows ``start:stop`` of what :func:`encoding_attn_bias` gives, one block at a time (the encoding's
-    :meth:`~PositionEncoding.attn_bias_rows`), or None where the encoding has no blockwise form."""
+    :meth:`~PositionEncoding.attn_bias_rows`, with the tensors they are differentiable in), or None where the encoding
+    has no blockwise form."""
     rows = encoding.attn_bias_rows(layer, q, k, state)
     if rows is None:
         return None
+    rows = rows if isinstance(rows, BiasRows) else BiasRows(rows)
+    dtype = q.dtype
 
-    def block(start: int, stop: int) -> torch.Tensor:
-        bias = rows(start, stop).to(q.dtype)
+    def block(start: int, stop: int, *inputs: torch.Tensor) -> torch.Tensor:
+        bias = rows.make(start, stop, *inputs).to(dtype)
         bias = bias if bias.ndim == 4 else bias.unsqueeze(0)
         if mask is None:
             return bias
@@ -82,7 +85,82 @@ def encoding_bias_blocks(encoding: PositionEncoding, layer: int, q: torch.Tensor
         bias = bias.masked_fill(~mask, float("-inf"))  # padding, as with_mask: a padded query's row is zero
         return bias.masked_fill(~mask.transpose(-1, -2)[..., start:stop, :], 0.0)
 
-    return block
+    return BiasRows(block, rows.inputs)
+
+
+def row_blocks(num_rows: int) -> list[tuple[int, int]]:
+    """(start, stop) of each block of :data:`BLOCK_ROWS` query rows."""
+    return [(start, min(start + BLOCK_ROWS, num_rows)) for start in range(0, num_rows, BLOCK_ROWS)]
+
+
+class BlockwiseBiasAttention(torch.autograd.Function):
+    """softmax(q k^T scale + bias) v a block of query rows at a time, with the gradient of the bias too: for training
+    on CPU, where no attention kernel of torch's returns one (so SDPA runs its math kernel, and blockwise each block was
+    checkpointed: made twice, and differentiated through the math kernel's safe softmax; SaPE² at ViT-S/16, 448 px,
+    batch 4: 235 ms a layer, 199 ms this way; docs/speed.md). The forward keeps each row's log-sum-exp, (B, H, T, 1),
+    and no block; the backward makes each block's bias again from the :class:`BiasRows`' inputs, its probabilities
+    from the log-sum-exp, and takes the gradients of q, k, v and the bias's inputs from them (FlashAttention's
+    backward, by blocks of rows). A row with no key left (all of its bias -inf) gives zeros, as SDPA's math kernel.
+    q, k, v: (B, H, T, hd) -> (B, H, T, hd)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: BiasRows, scale: float,
+                *inputs: torch.Tensor) -> torch.Tensor:
+        queries, keys = q.contiguous(), k.mT.contiguous()  # (B, H, T, hd), (B, H, hd, T): once, not every block
+        out = v.new_empty(v.shape)
+        logsumexp = q.new_empty(*q.shape[:-1], 1)
+        for start, stop in row_blocks(q.shape[-2]):
+            probs = torch.matmul(queries[:, :, start:stop], keys).mul_(scale).add_(bias.make(start, stop, *inputs))
+            peak = probs.amax(-1, keepdim=True)  # (B, H, rows, 1)
+            peak.masked_fill_(peak == float("-inf"), 0.0)  # a row with no key: its probabilities are exp(-inf) = 0
+            total = probs.sub_(peak).exp_().sum(-1, keepdim=True)
+            empty = total == 0  # rows with no key: output 0, and in backward probabilities exp(-inf - inf) = 0
+            out[:, :, start:stop] = torch.matmul(probs, v).div_(total.masked_fill(empty, 1.0))
+            logsumexp[:, :, start:stop] = peak.add_(total.log_()).masked_fill_(empty, float("inf"))
+        ctx.make, ctx.scale = bias.make, scale
+        ctx.save_for_backward(q, k, v, out, logsumexp, *inputs)  # q, k, v as given (views of qkv): copies would be
+        return out  # held for every layer
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, out, logsumexp, *inputs = ctx.saved_tensors
+        wanted = ctx.needs_input_grad[5:]
+        leaves = [t.detach().requires_grad_(want) for t, want in zip(inputs, wanted)]
+        grad_inputs = [torch.zeros_like(t) if want else None for t, want in zip(inputs, wanted)]
+        q, k, v, grad_out = q.contiguous(), k.contiguous(), v.contiguous(), grad_out.contiguous()  # once a layer
+        grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        flat = lambda t: t.flatten(0, 1)  # noqa: E731 - (B, H, ...) -> (B * H, ...): views of contiguous tensors
+        rowsum = (grad_out * out).sum(-1, keepdim=True)  # (B, H, T, 1): sum_j P_ij dP_ij
+        keys, values = k.mT.contiguous(), v.mT.contiguous()  # (B, H, hd, T)
+        for start, stop in row_blocks(q.shape[-2]):
+            with torch.enable_grad():
+                bias = ctx.make(start, stop, *leaves)
+            q_rows, grad_rows = q[:, :, start:stop], grad_out[:, :, start:stop]
+            probs = torch.matmul(q_rows, keys).mul_(ctx.scale).add_(bias.detach())
+            probs.sub_(logsumexp[:, :, start:stop]).exp_()  # (B, H, rows, T)
+            grad_logits = torch.matmul(grad_rows, values).sub_(rowsum[:, :, start:stop]).mul_(probs)
+            flat(grad_v).baddbmm_(flat(probs).mT, flat(grad_rows))
+            grad_q[:, :, start:stop] = torch.matmul(grad_logits, k).mul_(ctx.scale)
+            flat(grad_k).baddbmm_(flat(grad_logits).mT, flat(q_rows), alpha=ctx.scale)
+            if bias.requires_grad and not any(wanted):
+                raise RuntimeError("blockwise attention's bias rows need gradients from tensors they do not name: "
+                                   "return a BiasRows(make, inputs) from attn_bias_rows, with make reading only inputs")
+            if bias.requires_grad:
+                needed = [leaf for leaf in leaves if leaf.requires_grad]
+                grads = iter(torch.autograd.grad(bias, needed, grad_logits.sum_to_size(bias.shape), allow_unused=True))
+                for total, want in zip(grad_inputs, wanted):
+                    grad = next(grads) if want else None
+                    if grad is not None:
+                        total.add_(grad)
+        return grad_q, grad_k, grad_v, None, None, *grad_inputs
+
+
+def bias_gradient_by_hand(q: torch.Tensor, dropout: float) -> bool:
+    """Whether blockwise attention in training takes :class:`BlockwiseBiasAttention`: on CPU in float32 / float64
+    (autocast's bfloat16 and dropout stay with SDPA, each block checkpointed; on a GPU SDPA's kernels return the bias's
+    gradient themselves)."""
+    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and dropout == 0.0
 
 
 @register_notrace_function
@@ -173,34 +251,34 @@ class PositionalAttention(nn.Module):
         return self.proj_drop(self.proj(out)), probs
 
 
-    def blockwise(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  blocks: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
+    def blockwise(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: BiasRows) -> torch.Tensor:
         """Fused attention one block of :data:`BLOCK_ROWS` query rows at a time, each with its rows of the bias:
-        exact (softmax rows are independent), and no block holds more than (heads, rows, T). With gradients, each
-        block is recomputed in backward (checkpointed), so training holds no (heads, T, T) tensor either. Without,
-        each block's output is written straight into the layer's: kept in a list until a final ``cat``, the small
-        outputs sat between the blocks' freed biases on glibc's heap, which then could not reuse or return them
-        (ViT-S/16 at 896 px, LookHere: 287-296 MB resident for one forward, 119-136 MB written in place; `ape`
-        90-140 MB).
+        exact (softmax rows are independent), and no block holds more than (heads, rows, T). With gradients, on CPU
+        :class:`BlockwiseBiasAttention` (no block kept, the bias's gradient by hand); elsewhere each block is recomputed
+        in backward (checkpointed). Either way training holds no (heads, T, T) tensor. Without gradients, each block's
+        output is written straight into the layer's: kept in a list until a final ``cat``, the small outputs sat
+        between the blocks' freed biases on glibc's heap, which then could not reuse or return them (ViT-S/16 at
+        896 px, LookHere: 287-296 MB resident for one forward, 119-136 MB written in place; `ape` 90-140 MB).
         (B, H, T, hd') -> (B, H, T, hd)."""
         v = pad_to_width(v, q)
         dropout = self.attn_drop.p if self.training else 0.0
-        T = q.shape[-2]
 
         def attend(start: int, stop: int) -> torch.Tensor:  # (B, H, stop - start, hd')
             return F.scaled_dot_product_attention(q[:, :, start:stop], k, v, attn_mask=blocks(start, stop),
                                                   dropout_p=dropout, scale=self.scale)
 
+        if torch.is_grad_enabled() and bias_gradient_by_hand(q, dropout):
+            return BlockwiseBiasAttention.apply(q, k, v, blocks, self.scale, *blocks.inputs)[..., : self.head_dim]
         if torch.is_grad_enabled():
-            out = [checkpoint(attend, start, min(start + BLOCK_ROWS, T), use_reentrant=False)
-                   for start in range(0, T, BLOCK_ROWS)]
+            out = [checkpoint(attend, start, stop, use_reentrant=False) for start, stop in row_blocks(q.shape[-2])]
             return torch.cat(out, dim=2)[..., : self.head_dim]
-        first = attend(0, min(BLOCK_ROWS, T))
-        whole = first.new_empty(*first.shape[:2], T, first.shape[-1])  # in the dtype attention gives (autocast)
-        whole[:, :, : first.shape[-2]] = first
+        (start, stop), *rest = row_blocks(q.shape[-2])
+        first = attend(start, stop)
+        whole = first.new_empty(*first.shape[:2], q.shape[-2], first.shape[-1])  # in the dtype attention gives
+        whole[:, :, start:stop] = first  # (autocast)
         del first
-        for start in range(BLOCK_ROWS, T, BLOCK_ROWS):
-            whole[:, :, start : start + BLOCK_ROWS] = attend(start, min(start + BLOCK_ROWS, T))
+        for start, stop in rest:
+            whole[:, :, start:stop] = attend(start, stop)
         return whole[..., : self.head_dim]
 
 
