@@ -338,6 +338,18 @@ def test_blockwise_bias_attention_by_hand_is_sdpas_math_and_names_its_inputs():
             out.sum().backward()
 
 
+def test_blockwise_training_under_gradient_checkpointing_gives_the_whole_bias_gradients(monkeypatch):
+    """timm's gradient checkpointing makes each block's forward again in backward: the gradients by hand then come
+    from the bias inputs made again (those :class:`BiasRows` names), as the whole bias's without checkpointing."""
+    model = perturbed("vit_t4_sape2")
+    x = torch.randn(2, 3, 40, 48, dtype=torch.float64)
+    whole = outputs_and_gradients(model, x)
+    model.set_grad_checkpointing(True)
+    monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
+    monkeypatch.setattr(attention, "BLOCK_ROWS", 7)
+    assert_same(outputs_and_gradients(model, x), whole)
+
+
 @pytest.mark.parametrize("encoding", ["lookhere", "sape2"])
 def test_blockwise_training_with_padding_gives_the_whole_bias_gradients(encoding, monkeypatch):
     """A padded NaFlex batch in training: the bias per sample, the padding mask in each block, gradients by hand

@@ -73,10 +73,10 @@ def encoding_bias_blocks(encoding: PositionEncoding, layer: int, q: torch.Tensor
     if rows is None:
         return None
     rows = rows if isinstance(rows, BiasRows) else BiasRows(rows)
-    dtype = q.dtype
+    make, dtype = rows.make, q.dtype  # not rows itself: a backward under checkpointing gets the inputs made again
 
     def block(start: int, stop: int, *inputs: torch.Tensor) -> torch.Tensor:
-        bias = rows.make(start, stop, *inputs).to(dtype)
+        bias = make(start, stop, *inputs).to(dtype)
         bias = bias if bias.ndim == 4 else bias.unsqueeze(0)
         if mask is None:
             return bias
