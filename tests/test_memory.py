@@ -29,6 +29,20 @@ def perturbed(name: str, **kwargs) -> torch.nn.Module:
     return model
 
 
+def padded_naflex_batch(images: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """timm's NaFlex dict for ``images`` (3, H, W) in 4 px patches, each padded to the longest plus three tokens."""
+    from timm.data.naflex_transforms import patchify_image
+
+    parts = [patchify_image(image, (4, 4))[:2] for image in images]
+    length, n = max(len(p) for p, _ in parts) + 3, len(images)
+    batch = dict(patches=torch.zeros(n, length, 48, dtype=torch.float64),
+                 patch_coord=torch.zeros(n, length, 2, dtype=torch.long),
+                 patch_valid=torch.zeros(n, length, dtype=torch.bool))
+    for i, (p, c) in enumerate(parts):
+        batch["patches"][i, : len(p)], batch["patch_coord"][i, : len(p)], batch["patch_valid"][i, : len(p)] = p, c, 1
+    return batch
+
+
 def outputs_and_gradients(model: torch.nn.Module, x) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     for module in model.modules():
         if hasattr(module, "_cache"):
@@ -354,17 +368,9 @@ def test_blockwise_training_under_gradient_checkpointing_gives_the_whole_bias_gr
 def test_blockwise_training_with_padding_gives_the_whole_bias_gradients(encoding, monkeypatch):
     """A padded NaFlex batch in training: the bias per sample, the padding mask in each block, gradients by hand
     through every bias input (SaPE²'s vectors), as the whole-bias path gives them."""
-    from timm.data.naflex_transforms import patchify_image
-
     model = perturbed(f"vit_t4_{encoding}")
-    images = [torch.randn(3, 32, 48, dtype=torch.float64), torch.randn(3, 40, 40, dtype=torch.float64)]
-    parts = [patchify_image(image, (4, 4))[:2] for image in images]
-    length = max(len(p) for p, _ in parts) + 3
-    batch = dict(patches=torch.zeros(2, length, 48, dtype=torch.float64),
-                 patch_coord=torch.zeros(2, length, 2, dtype=torch.long),
-                 patch_valid=torch.zeros(2, length, dtype=torch.bool))
-    for i, (p, c) in enumerate(parts):
-        batch["patches"][i, : len(p)], batch["patch_coord"][i, : len(p)], batch["patch_valid"][i, : len(p)] = p, c, 1
+    batch = padded_naflex_batch([torch.randn(3, 32, 48, dtype=torch.float64),
+                                 torch.randn(3, 40, 40, dtype=torch.float64)])
     whole = outputs_and_gradients(model, batch)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
     monkeypatch.setattr(attention, "BLOCK_ROWS", 9)
@@ -377,17 +383,9 @@ def test_blockwise_training_with_padding_gives_the_whole_bias_gradients(encoding
 
 @pytest.mark.parametrize("encoding", ["alibi", "lookhere"])
 def test_blockwise_attention_with_padding_gives_each_image_its_own_logits(encoding, monkeypatch):
-    from timm.data.naflex_transforms import patchify_image
-
     model = perturbed(f"vit_t4_{encoding}").eval()
     images = [torch.randn(3, 32, 48, dtype=torch.float64), torch.randn(3, 40, 40, dtype=torch.float64)]
-    parts = [patchify_image(image, (4, 4))[:2] for image in images]
-    length = max(len(p) for p, _ in parts) + 3
-    batch = dict(patches=torch.zeros(2, length, 48, dtype=torch.float64),
-                 patch_coord=torch.zeros(2, length, 2, dtype=torch.long), patch_valid=torch.zeros(2, length,
-                                                                                               dtype=torch.bool))
-    for i, (p, c) in enumerate(parts):
-        batch["patches"][i, : len(p)], batch["patch_coord"][i, : len(p)], batch["patch_valid"][i, : len(p)] = p, c, 1
+    batch = padded_naflex_batch(images)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
     monkeypatch.setattr(attention, "BLOCK_ROWS", 9)
     with torch.no_grad():
@@ -438,24 +436,16 @@ def test_liere_blocks_of_per_sample_tokens_rotate_each_distinct_coordinate_once_
     matrix exponentials (dense LieRE, a NaFlex batch at ViT-S/16: 3.9 s a forward against 2.5 s). So the layer's
     distinct coordinates get one table, one ``rotation_exp`` call a layer, and each image keeps its own logits. The
     control: a table over STATE_BYTES falls back to blocks that make their own, more calls."""
-    from timm.data.naflex_transforms import patchify_image
-
     model = perturbed("vit_t4_liere").eval()
     images = [torch.randn(3, 32, 48, dtype=torch.float64), torch.randn(3, 40, 40, dtype=torch.float64),
               torch.randn(3, 48, 32, dtype=torch.float64)]
-    parts = [patchify_image(image, (4, 4))[:2] for image in images]
-    length = max(len(p) for p, _ in parts) + 3
-    batch = dict(patches=torch.zeros(3, length, 48, dtype=torch.float64),
-                 patch_coord=torch.zeros(3, length, 2, dtype=torch.long),
-                 patch_valid=torch.zeros(3, length, dtype=torch.bool))
-    for i, (p, c) in enumerate(parts):
-        batch["patches"][i, : len(p)], batch["patch_coord"][i, : len(p)], batch["patch_valid"][i, : len(p)] = p, c, 1
+    batch = padded_naflex_batch(images)
     enc = model.pos_encoding
     per_token = enc.ctx.num_heads * enc.num_blocks * enc.block_size**2  # the elements of one token's rotations
     distinct = len({tuple(c) for c in batch["patch_coord"].flatten(0, 1).tolist()})
     # the layer's per-sample rotations over STATE_BYTES (blockwise); the table of the distinct ones under it, or not
     monkeypatch.setattr(liere, "STATE_BYTES", 8 * per_token * (distinct if table else distinct // 2))
-    assert 4 * 3 * (length + model.num_prefix_tokens) * per_token > liere.STATE_BYTES
+    assert 4 * 3 * (batch["patches"].shape[1] + model.num_prefix_tokens) * per_token > liere.STATE_BYTES
     monkeypatch.setattr(liere, "CACHE_BYTES", 1000)
     monkeypatch.setattr(liere, "BLOCK_BYTES", 200_000)
     monkeypatch.setattr(liere, "INFERENCE_BLOCK_BYTES", 200_000)

@@ -95,13 +95,13 @@ def row_blocks(num_rows: int) -> list[tuple[int, int]]:
 
 class BlockwiseBiasAttention(torch.autograd.Function):
     """softmax(q k^T scale + bias) v a block of query rows at a time, with the gradient of the bias too: for training
-    on CPU, where no attention kernel of torch's returns one (so SDPA runs its math kernel, and blockwise each block was
-    checkpointed: made twice, and differentiated through the math kernel's safe softmax; SaPE² at ViT-S/16, 448 px,
-    batch 4: 235 ms a layer, 199 ms this way; docs/speed.md). The forward keeps each row's log-sum-exp, (B, H, T, 1),
-    and no block; the backward makes each block's bias again from the :class:`BiasRows`' inputs, its probabilities
-    from the log-sum-exp, and takes the gradients of q, k, v and the bias's inputs from them (FlashAttention's
-    backward, by blocks of rows). A row with no key left (all of its bias -inf) gives zeros, as SDPA's math kernel.
-    q, k, v: (B, H, T, hd) -> (B, H, T, hd)."""
+    on CPU, where no attention kernel of torch's returns one (so SDPA runs its math kernel, and blockwise each block
+    was checkpointed: made twice, and differentiated through the math kernel's safe softmax; SaPE² at ViT-S/16,
+    448 px, batch 4: 235 ms a layer, 199 ms a first version of this; docs/speed.md). The forward keeps each row's
+    log-sum-exp, (B, H, T, 1), and no block; the backward makes each block's bias again from the :class:`BiasRows`'
+    inputs, its probabilities from the log-sum-exp, and takes the gradients of q, k, v and the bias's inputs from
+    them (FlashAttention's backward, by blocks of rows). A row with no key left (all of its bias -inf) gives zeros,
+    as SDPA's math kernel. q, k, v: (B, H, T, hd) -> (B, H, T, hd)."""
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: BiasRows, scale: float,
