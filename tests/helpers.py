@@ -56,3 +56,17 @@ def attention(enc: PositionEncoding, pos: TokenPositions, q, k, x, layer: int = 
 def rotation_2d(angle: float) -> torch.Tensor:
     c, s = math.cos(angle), math.sin(angle)
     return torch.tensor([[c, -s], [s, c]], dtype=torch.float64)
+
+
+def naflex_batch(images: list[torch.Tensor], extra: int = 3) -> dict[str, torch.Tensor]:
+    """timm's own patchify, padded to the longest (+ ``extra``) as its collator pads: zeros, coordinate 0, invalid."""
+    from timm.data.naflex_transforms import patchify_image
+
+    parts = [patchify_image(image, (4, 4))[:2] for image in images]
+    length = max(len(p) for p, _ in parts) + extra
+    patches = torch.zeros(len(parts), length, parts[0][0].shape[-1], dtype=torch.float64)
+    coord = torch.zeros(len(parts), length, 2, dtype=torch.long)
+    valid = torch.zeros(len(parts), length, dtype=torch.bool)
+    for i, (p, c) in enumerate(parts):
+        patches[i, : len(p)], coord[i, : len(p)], valid[i, : len(p)] = p, c, True
+    return dict(patches=patches, patch_coord=coord, patch_valid=valid)

@@ -11,6 +11,7 @@ import math
 import pytest
 import timm
 import torch
+from helpers import naflex_batch
 
 import pape_hub.encodings.base as base
 import pape_hub.encodings.liere as liere
@@ -27,20 +28,6 @@ def perturbed(name: str, **kwargs) -> torch.nn.Module:
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.2)
     return model
-
-
-def padded_naflex_batch(images: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """timm's NaFlex dict for ``images`` (3, H, W) in 4 px patches, each padded to the longest plus three tokens."""
-    from timm.data.naflex_transforms import patchify_image
-
-    parts = [patchify_image(image, (4, 4))[:2] for image in images]
-    length, n = max(len(p) for p, _ in parts) + 3, len(images)
-    batch = dict(patches=torch.zeros(n, length, 48, dtype=torch.float64),
-                 patch_coord=torch.zeros(n, length, 2, dtype=torch.long),
-                 patch_valid=torch.zeros(n, length, dtype=torch.bool))
-    for i, (p, c) in enumerate(parts):
-        batch["patches"][i, : len(p)], batch["patch_coord"][i, : len(p)], batch["patch_valid"][i, : len(p)] = p, c, 1
-    return batch
 
 
 def outputs_and_gradients(model: torch.nn.Module, x) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -369,8 +356,7 @@ def test_blockwise_training_with_padding_gives_the_whole_bias_gradients(encoding
     """A padded NaFlex batch in training: the bias per sample, the padding mask in each block, gradients by hand
     through every bias input (SaPE²'s vectors), as the whole-bias path gives them."""
     model = perturbed(f"vit_t4_{encoding}")
-    batch = padded_naflex_batch([torch.randn(3, 32, 48, dtype=torch.float64),
-                                 torch.randn(3, 40, 40, dtype=torch.float64)])
+    batch = naflex_batch([torch.randn(3, 32, 48, dtype=torch.float64), torch.randn(3, 40, 40, dtype=torch.float64)])
     whole = outputs_and_gradients(model, batch)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
     monkeypatch.setattr(attention, "BLOCK_ROWS", 9)
@@ -385,7 +371,7 @@ def test_blockwise_training_with_padding_gives_the_whole_bias_gradients(encoding
 def test_blockwise_attention_with_padding_gives_each_image_its_own_logits(encoding, monkeypatch):
     model = perturbed(f"vit_t4_{encoding}").eval()
     images = [torch.randn(3, 32, 48, dtype=torch.float64), torch.randn(3, 40, 40, dtype=torch.float64)]
-    batch = padded_naflex_batch(images)
+    batch = naflex_batch(images)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
     monkeypatch.setattr(attention, "BLOCK_ROWS", 9)
     with torch.no_grad():
@@ -439,7 +425,7 @@ def test_liere_blocks_of_per_sample_tokens_rotate_each_distinct_coordinate_once_
     model = perturbed("vit_t4_liere").eval()
     images = [torch.randn(3, 32, 48, dtype=torch.float64), torch.randn(3, 40, 40, dtype=torch.float64),
               torch.randn(3, 48, 32, dtype=torch.float64)]
-    batch = padded_naflex_batch(images)
+    batch = naflex_batch(images)
     enc = model.pos_encoding
     per_token = enc.ctx.num_heads * enc.num_blocks * enc.block_size**2  # the elements of one token's rotations
     distinct = len({tuple(c) for c in batch["patch_coord"].flatten(0, 1).tolist()})

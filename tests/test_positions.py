@@ -11,7 +11,7 @@ import math
 import pytest
 import timm
 import torch
-from helpers import HEAD_DIM, make_encoding, random_qkx
+from helpers import HEAD_DIM, make_encoding, naflex_batch, random_qkx
 from timm.data.naflex_transforms import patchify_image
 
 import pape_hub
@@ -42,18 +42,6 @@ def model(request) -> torch.nn.Module:
     torch.manual_seed(0)
     return perturbed(timm.create_model(f"vit_t4_{request.param}", embed_dim=32, depth=2, num_heads=2,
                                        num_classes=5).double())
-
-
-def naflex_batch(images: list[torch.Tensor], extra: int = 3) -> dict[str, torch.Tensor]:
-    """timm's own patchify, padded to the longest (+ ``extra``) as its collator pads: zeros, coordinate 0, invalid."""
-    parts = [patchify_image(image, (4, 4))[:2] for image in images]
-    length = max(len(p) for p, _ in parts) + extra
-    patches = torch.zeros(len(parts), length, parts[0][0].shape[-1], dtype=torch.float64)
-    coord = torch.zeros(len(parts), length, 2, dtype=torch.long)
-    valid = torch.zeros(len(parts), length, dtype=torch.bool)
-    for i, (p, c) in enumerate(parts):
-        patches[i, : len(p)], coord[i, : len(p)], valid[i, : len(p)] = p, c, True
-    return dict(patches=patches, patch_coord=coord, patch_valid=valid)
 
 
 def test_a_padded_batch_equals_each_image_alone(model, images):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from itertools import islice
 from typing import Any, NamedTuple
 
 import torch
@@ -151,11 +152,20 @@ def sorted_chunks(log_rot: torch.Tensor, order: torch.Tensor, squarings: torch.T
         yield index, log_rot.index_select(0, index) * scales, squared_prefixes(counts), scales
 
 
+def squared_powers(exp: torch.Tensor, counts: list[int]) -> Iterator[torch.Tensor]:
+    """The squaring steps of a sorted chunk: ``exp`` (n, b, b), then the first count_j matrices of each step squared,
+    (count_j, b, b); one at a time, so that a caller that keeps none holds two."""
+    yield exp
+    for count in counts:
+        exp = torch.bmm(exp[:count], exp[:count])
+        yield exp
+
+
 class RotationExp(torch.autograd.Function):
     """:func:`rotation_exp`, its backward by hand: each chunk's Taylor terms and squarings made again (no autograd),
-    then differentiated in reverse, so that no chunk's intermediates outlive it and only the generator sums are
-    saved. The matrices go sorted by their number of squarings, so that each squaring step is one matrix product over
-    the first matrices of a chunk, those that still need it."""
+    then differentiated in reverse, so that no chunk's intermediates outlive it. The matrices go sorted by their
+    number of squarings, so that each squaring step is one matrix product over the first matrices of a chunk, those
+    that still need it. It saves the generator sums, and each one's squarings and place in that order."""
 
     @staticmethod
     def forward(ctx: Any, log_rot: torch.Tensor) -> torch.Tensor:
@@ -163,11 +173,8 @@ class RotationExp(torch.autograd.Function):
         ctx.save_for_backward(log_rot, order, squarings)
         out = torch.empty_like(log_rot)
         for index, x, counts, _ in sorted_chunks(log_rot, order, squarings):
-            exp = TaylorTerms.of(x).exp
-            for count in counts:  # the matrices past `count` are done: written, then squared no more
-                out.index_copy_(0, index[count : exp.shape[0]], exp[count:])
-                exp = torch.bmm(exp[:count], exp[:count])
-            out.index_copy_(0, index[: exp.shape[0]], exp)
+            for power, done in zip(squared_powers(TaylorTerms.of(x).exp, counts), [*counts, 0]):
+                out.index_copy_(0, index[done : power.shape[0]], power[done:])  # squared no more
         return out
 
     @staticmethod
@@ -177,11 +184,9 @@ class RotationExp(torch.autograd.Function):
         grad_in = torch.empty_like(log_rot)
         for index, x, counts, scales in sorted_chunks(log_rot, order, squarings):
             terms = TaylorTerms.of(x)
-            powers = [terms.exp]  # before each squaring step: (count_j, b, b)
-            for count in counts:
-                powers.append(torch.bmm(powers[-1][:count], powers[-1][:count]))
+            before_steps = list(islice(squared_powers(terms.exp, counts), len(counts)))  # not the last result
             chunk_grad = grad.index_select(0, index)
-            for count, power in zip(reversed(counts), reversed(powers[:-1])):  # E' = E E: E gets g E^T + E^T g
+            for count, power in zip(reversed(counts), reversed(before_steps)):  # E' = E E: E gets g E^T + E^T g
                 before = power[:count]
                 chunk_grad[:count] = torch.bmm(chunk_grad[:count], before.mT).baddbmm_(before.mT, chunk_grad[:count])
             grad_in.index_copy_(0, index, terms.backward(chunk_grad) * scales)
@@ -194,8 +199,8 @@ def rotation_exp(log_rot: torch.Tensor) -> torch.Tensor:
     then squared s times; :data:`EXP_CHUNK_BYTES` of matrices at a time. ``torch.linalg.matrix_exp`` does the same with
     a degree chosen per matrix, but on CPU it sorts its batch by degree with gathers and copies around every call, and
     its backward takes the exponential of a (2b, 2b) block matrix: one layer of LieRE-8 at ViT-S/16 448 px took 57 ms
-    forward and 454 ms with backward there, dense LieRE 0.93 s and 6.05 s (docs/speed.md gives this function's). It
-    saves only its input for the backward (:class:`RotationExp`)."""
+    forward and 454 ms with backward there, dense LieRE 0.93 s and 6.05 s (docs/speed.md gives this function's). Its
+    backward makes each chunk again from the generator sums (:class:`RotationExp`)."""
     return RotationExp.apply(log_rot)
 
 
