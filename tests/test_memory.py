@@ -59,6 +59,7 @@ def test_blockwise_bias_attention_is_the_whole_bias(encoding, by_hand, monkeypat
         monkeypatch.setattr(attention, "bias_gradient_by_hand", lambda q, dropout: False)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
     monkeypatch.setattr(attention, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
+    monkeypatch.setattr(attention, "BY_HAND_BLOCK_ROWS", 7)
     if encoding.startswith("sape2"):
         from pape_hub.encodings import sape2
 
@@ -324,7 +325,7 @@ def test_blockwise_bias_attention_by_hand_is_sdpas_math_and_names_its_inputs():
     hidden[..., 4, :] = True  # query 4 sees no key
     make = lambda start, stop, t: (t * 2).masked_fill(hidden, float("-inf"))[:, :, start:stop]  # noqa: E731
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(attention, "BLOCK_ROWS", 7)
+        patch.setattr(attention, "BY_HAND_BLOCK_ROWS", 7)
         ours = attention.BlockwiseBiasAttention.apply(q, k, v, base.BiasRows(make, (table,)), 0.3, table)
         theirs = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=make(0, T, table), scale=0.3)
         assert ours[:, :, 4].abs().max() == 0 and theirs[:, :, 4].abs().max() == 0
@@ -339,6 +340,38 @@ def test_blockwise_bias_attention_by_hand_is_sdpas_math_and_names_its_inputs():
             out.sum().backward()
 
 
+def test_sape2s_distance_rows_by_hand_are_autograds_through_cdist():
+    """SaPE²'s :class:`DistanceRowsByHand` adds eq. 16's rows into logits, block by block, and gives the vectors the
+    gradients autograd gives through :func:`bias_rows_of` (torch.cdist), in float64: with a prefix row and column, axes
+    of different lengths, blocks of uneven size and two tokens at one point (distance 0: cdist's zero subgradient, no
+    NaN). The control: the gradient through the rows' side alone (the keys held constant) is not the whole."""
+    from pape_hub.encodings import sape2
+
+    torch.manual_seed(0)
+    # whole numbers: every squared distance exact in the matmul form, so that a distance of 0 is 0 there (in general it
+    # is the square root of rounding, ~1e-8, with a gradient of cancelling huge terms in cdist and by hand alike)
+    patches = sape2.CDIST_MM_FROM + 4  # cdist in its matmul form, as by hand
+    vectors = [torch.randint(-4, 5, (2, 3, patches, length)).double() for length in (6, 5)]
+    for v in vectors:
+        v[:, :, 5] = v[:, :, 2]  # tokens 2 and 5 at one point on both axes
+        v.requires_grad_(True)
+    T = patches + 1  # a prefix token
+    grad_logits = torch.randn(2, 3, T, T, dtype=torch.float64)
+    by_hand, logits = sape2.DistanceRowsByHand(*vectors, prefix=1), torch.zeros(2, 3, T, T, dtype=torch.float64)
+    for start, stop in [(0, 7), (7, 20), (20, T)]:
+        by_hand.add_rows(logits[:, :, start:stop], start, stop)
+        by_hand.backward_rows(grad_logits[:, :, start:stop], start, stop)
+    bias = sape2.bias_rows_of(0, T, *vectors, prefix=1)
+    torch.testing.assert_close(logits, bias, rtol=0, atol=1e-12)
+    ours, theirs = by_hand.grads(), torch.autograd.grad(bias, vectors, grad_logits)
+    for a, b in zip(ours, theirs):
+        assert a.isfinite().all()
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    rows_only = sum(sape2.pairwise_l2(v, v.detach()) for v in vectors)  # control: the keys held constant
+    control = torch.autograd.grad(rows_only, vectors, grad_logits[:, :, 1:, 1:])
+    assert not torch.allclose(control[0], ours[0], atol=1e-6)
+
+
 def test_blockwise_training_under_gradient_checkpointing_gives_the_whole_bias_gradients(monkeypatch):
     """timm's gradient checkpointing makes each block's forward again in backward: the gradients by hand then come
     from the bias inputs made again (those :class:`BiasRows` names), as the whole bias's without checkpointing."""
@@ -347,7 +380,7 @@ def test_blockwise_training_under_gradient_checkpointing_gives_the_whole_bias_gr
     whole = outputs_and_gradients(model, x)
     model.set_grad_checkpointing(True)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
-    monkeypatch.setattr(attention, "BLOCK_ROWS", 7)
+    monkeypatch.setattr(attention, "BY_HAND_BLOCK_ROWS", 7)
     assert_same(outputs_and_gradients(model, x), whole)
 
 
@@ -359,7 +392,7 @@ def test_blockwise_training_with_padding_gives_the_whole_bias_gradients(encoding
     batch = naflex_batch([torch.randn(3, 32, 48, dtype=torch.float64), torch.randn(3, 40, 40, dtype=torch.float64)])
     whole = outputs_and_gradients(model, batch)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
-    monkeypatch.setattr(attention, "BLOCK_ROWS", 9)
+    monkeypatch.setattr(attention, "BY_HAND_BLOCK_ROWS", 9)
     calls = []
     by_hand = attention.BlockwiseBiasAttention.apply
     monkeypatch.setattr(attention.BlockwiseBiasAttention, "apply", lambda *a: calls.append(1) or by_hand(*a))

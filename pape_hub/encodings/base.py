@@ -31,16 +31,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    "BLOCKWISE_FROM", "BLOCK_ROWS", "STATE_BYTES", "BiasCoords", "BiasRows", "EncodingContext", "PositionEncoding",
-    "TokenPositions", "autocast_dtype", "blockwise", "compute_dtype", "full_precision", "grid_positions",
-    "pad_prefix_bias",
+    "BLOCKWISE_FROM", "BLOCK_ROWS", "STATE_BYTES", "BiasCoords", "BiasRows", "BiasRowsByHand", "EncodingContext",
+    "PositionEncoding", "TokenPositions", "autocast_dtype", "blockwise", "compute_dtype", "full_precision",
+    "grid_positions", "pad_prefix_bias",
 ]
 
 
@@ -229,9 +229,29 @@ class BiasRows(NamedTuple):
 
     make: Callable[..., torch.Tensor]
     inputs: tuple[torch.Tensor, ...] = ()
+    #: optional, ``by_hand(*inputs)``: the same rows added into attention's logits, with their gradient by hand
+    #: (:class:`BiasRowsByHand`), which blockwise attention in training on CPU takes instead of ``make`` and autograd
+    by_hand: Callable[..., BiasRowsByHand] | None = None
 
     def __call__(self, start: int, stop: int) -> torch.Tensor:
         return self.make(start, stop, *self.inputs)
+
+
+class BiasRowsByHand(Protocol):
+    """What :class:`BiasRows`' ``by_hand(*inputs)`` gives: rows of the bias added straight into a block of logits, and
+    the gradient of the inputs from the gradient of those logits, without autograd. An encoding gives one where its
+    rows have a gradient cheaper by hand than through autograd (SaPE²'s distances: no temporary bias block, no
+    autograd graph per block, the key side of the distances made once a layer)."""
+
+    def add_rows(self, logits: torch.Tensor, start: int, stop: int) -> None:
+        """Adds bias rows ``start:stop`` into ``logits`` (B, H, stop - start, T), in place."""
+
+    def backward_rows(self, grad_logits: torch.Tensor, start: int, stop: int) -> None:
+        """Adds to the inputs' gradients those of rows ``start:stop`` from the logits' gradient (B, H, rows, T);
+        called right after :meth:`add_rows` of the same rows."""
+
+    def grads(self) -> tuple[torch.Tensor | None, ...]:
+        """The gradient of each input (None: none flowed), once every block's rows went back."""
 
 
 def full_precision(device: torch.device) -> Any:

@@ -208,6 +208,63 @@ def bias_rows_of(start: int, stop: int, *vectors: torch.Tensor, prefix: int, out
     return out
 
 
+class DistanceRowsByHand:
+    """Eq. 16's bias rows added into a block of attention logits, and their gradient by hand (the
+    :class:`~pape_hub.encodings.base.BiasRowsByHand` of :meth:`SaPE2.distance_rows`): the distances in torch.cdist's
+    matmul form, each axis's keys' side (:func:`gram_keys`) made once a layer, not once a block as cdist does, and added
+    into the logits without a bias block; their gradient by the chain rule through that form, without autograd.
+    ``vectors``: every patch token's scaled SaPE vectors, (B, H, N, L) per axis (L: that axis's line length); ``prefix``
+    rows and columns get no bias. Each block's distances are kept from :meth:`add_rows` to :meth:`backward_rows` of the
+    same rows. The keys' side and its gradient are held transposed, (B * H, L + 2, N): the backward's products then
+    have N as their long side (ViT-S/16 448 px, batch 4, one block: 0.8 ms each, 1.3 ms with (N, L + 2))."""
+
+    def __init__(self, *vectors: torch.Tensor, prefix: int) -> None:
+        self.prefix, self.shapes = prefix, [v.shape for v in vectors]
+        self.keys = [gram_keys(v.detach()).flatten(0, 1) for v in vectors]  # per axis (B * H, N, L + 2)
+        self.keys_t = [keys.mT.contiguous() for keys in self.keys]  # (B * H, L + 2, N)
+        self.grad_keys_t: list[torch.Tensor | None] = [None] * len(vectors)
+        self.block: list[tuple[torch.Tensor, torch.Tensor]] = []  # per axis: a block's queries' side and distances
+
+    def patch_part(self, t: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor, int, int]:
+        """(B, H, stop - start, T) -> its patch rows and columns (B * H, rows, N), a view; and those rows' span among
+        the patches."""
+        first, last = max(start, self.prefix) - self.prefix, stop - self.prefix
+        return t.flatten(0, 1)[:, stop - start - (last - first) :, self.prefix :], first, last
+
+    def add_rows(self, logits: torch.Tensor, start: int, stop: int) -> None:
+        target, first, last = self.patch_part(logits, start, stop)
+        self.block = []
+        for keys, keys_t in zip(self.keys, self.keys_t):
+            queries = gram_queries(keys[:, first:last])  # (B * H, rows, L + 2)
+            distances = torch.bmm(queries, keys_t).clamp_min_(0).sqrt_()  # (B * H, rows, N), as gram_distances_into
+            target.add_(distances)
+            self.block.append((queries, distances))
+
+    def backward_rows(self, grad_logits: torch.Tensor, start: int, stop: int) -> None:
+        grad, first, last = self.patch_part(grad_logits, start, stop)
+        for axis, (keys_t, (queries, distances)) in enumerate(zip(self.keys_t, self.block)):
+            width = keys_t.shape[-2] - 2
+            # d sqrt(g) / dg = 1 / (2 sqrt(g)); 0 where the distance is 0 (torch.cdist's subgradient there): there the
+            # quotient is inf or NaN, zeroed in one pass (a mask took two). A non-finite logit gradient is zeroed too,
+            # here only: q, k and v get it as it is
+            ratio = grad.div(distances).nan_to_num_(0.0, 0.0, 0.0)  # (B * H, rows, N)
+            if self.grad_keys_t[axis] is None:
+                self.grad_keys_t[axis] = torch.zeros_like(keys_t)
+            grad_keys_t = self.grad_keys_t[axis]
+            grad_keys_t.baddbmm_(queries.mT, ratio, alpha=0.5)  # g = queries keys^T
+            grad_queries_t = torch.bmm(keys_t, ratio.mT).mul_(0.5)  # (B * H, L + 2, rows)
+            rows_t = grad_keys_t[:, :, first:last]  # queries [-2 v, |v|^2, 1] from these rows of keys [v, 1, |v|^2]
+            rows_t[:, :width].add_(grad_queries_t[:, :width], alpha=-2.0)
+            rows_t[:, width + 1].add_(grad_queries_t[:, width])
+        self.block = []
+
+    def grads(self) -> tuple[torch.Tensor | None, ...]:
+        """The vectors' gradients from their keys' sides': keys [v, 1, |v|^2] give grad_v = grad[:L] + 2 v grad[L+1]."""
+        return tuple(None if grad_t is None else torch.addcmul(
+            grad_t[:, : shape[-1]].mT, keys[..., : shape[-1]], grad_t[:, -1:].mT, value=2.0).reshape(shape)
+            for keys, grad_t, shape in zip(self.keys, self.grad_keys_t, self.shapes))
+
+
 def in_place_distance_sums(target: torch.Tensor, keys_of_axes: list[torch.Tensor], vectors: list[torch.Tensor],
                            state: SaPE2State, first: int, last: int) -> None:
     """``target`` (B * H, last - first, N), scratch, becomes the sum over axes of the distances of patch rows
@@ -361,10 +418,13 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
         block of query rows takes its distances to every key. On CPU without gradients each block is written into
         the forward's block memory, which the next block overwrites (:class:`SaPE2State`)."""
         # in training the vectors are remade in backward (checkpointed): the gates and interpolation behind them are
-        # (B, H, lines, L, L) per axis and layer, which autograd would otherwise keep for every layer
-        vectors = checkpoint(self.sape_vectors, layer, q, k, state, LINE_BLOCK_ELEMENTS, use_reentrant=False) \
-            if torch.is_grad_enabled() and (q.requires_grad or self.pos_emb.requires_grad) \
-            else self.sape_vectors(layer, q, k, state, LINE_BLOCK_ELEMENTS)
+        # (B, H, lines, L, L) per axis and layer, which autograd would otherwise keep for every layer. There every
+        # line goes at once: the remade layer's autograd keeps every block's temporaries anyway, and blocks cost time
+        # (ViT-S/16 448 px, batch 4, one layer: 44 ms forward and backward in blocks, 26 ms at once)
+        if torch.is_grad_enabled() and (q.requires_grad or self.pos_emb.requires_grad):
+            vectors = checkpoint(self.sape_vectors, layer, q, k, state, use_reentrant=False)
+        else:
+            vectors = self.sape_vectors(layer, q, k, state, LINE_BLOCK_ELEMENTS)
         return self.distance_rows(vectors, state)
 
     def distance_rows(self, vectors: list[torch.Tensor], state: SaPE2State
@@ -373,19 +433,19 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
         (B, H, rows, P+N), the sum over axes of the distances, divided by sqrt(d) too (the vectors are scaled first:
         ||s a - s b|| = s ||a - b||; :func:`bias_rows_of`). Prefix rows and columns get no bias. Rows are written into
         ``out`` where given (a block of the whole bias), else into a block of their own. Where the vectors need
-        gradients, a :class:`BiasRows` of the scaled vectors. On CPU without gradients the blocks and their
-        distances live in ``state``'s memories, and in float32 / float64 the distances are cdist's matmul form with
-        its keys' side made once per layer (:func:`gram_keys`): cdist's values, but for the rounding of a vector's
-        distance to itself (0, the square root of rounding in this form), which moves with the chunks' sizes. There
-        ``vectors`` is emptied, each axis's vectors dropped once its factor is made (the factor holds all the rows
-        need; ViT-B/16, 1024 px, batch 8: 100 MB a tensor)."""
+        gradients, a :class:`BiasRows` of the scaled vectors, with their gradient by hand (:class:`DistanceRowsByHand`).
+        On CPU without gradients the blocks and their distances live in ``state``'s memories, and in float32 / float64
+        the distances are cdist's matmul form with its keys' side made once per layer (:func:`gram_keys`): cdist's
+        values, but for the rounding of a vector's distance to itself (0, the square root of rounding in this form),
+        which moves with the chunks' sizes. There ``vectors`` is emptied, each axis's vectors dropped once its factor
+        is made (the factor holds all the rows need; ViT-B/16, 1024 px, batch 8: 100 MB a tensor)."""
         p, scale = self.ctx.num_prefix_tokens, self.ctx.head_dim**-0.5
         B, H, N, _ = vectors[0].shape
         if not writes_in_place(vectors[0]):
             scaled = tuple(v * scale for v in vectors)
             rows_of = partial(bias_rows_of, prefix=p)
             if any(v.requires_grad for v in scaled):  # rows a backward can make again from the vectors alone
-                return BiasRows(rows_of, scaled)
+                return BiasRows(rows_of, scaled, partial(DistanceRowsByHand, prefix=p))
             return lambda start, stop, out=None: rows_of(start, stop, *scaled, out=out)
         gram = vectors[0].dtype in (torch.float32, torch.float64) and N >= CDIST_MM_FROM
         keys_of_axes: list[torch.Tensor] = []  # per axis (B * H, N, L + 2): the pairs flattened, as chunks take them
