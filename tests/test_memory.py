@@ -372,6 +372,31 @@ def test_sape2s_distance_rows_by_hand_are_autograds_through_cdist():
     assert not torch.allclose(control[0], ours[0], atol=1e-6)
 
 
+@pytest.mark.parametrize("key_mode", [True, False])
+def test_sape2s_contextual_position_logits_by_hand_are_autograds(key_mode):
+    """:class:`ContextualPositionLogits` (the gradient by hand, holding the gates and logits alone) gives the outputs
+    and the gradients of q, k and the position-logit table that autograd gives through the same terms, in float64:
+    with empty cells and positions past a sample's grid (a padded batch's masks) and sums of gates past the table's
+    last position (the clamp). The control: the same terms without the ``inside`` mask give other gradients."""
+    from pape_hub.encodings import sape2
+
+    torch.manual_seed(0)
+    q, k = ((torch.randn(2, 3, 5, 7, 8, dtype=torch.float64) * 2).requires_grad_() for _ in range(2))
+    table = torch.randn(8, 6, dtype=torch.float64, requires_grad=True)  # 6 positions: sums up to 7 are clamped
+    present = torch.rand(2, 1, 5, 7) > 0.2
+    inside = (torch.arange(7) < torch.tensor([5, 7])[:, None]).reshape(2, 1, 1, 7).expand(2, 1, 5, 7)
+    grad = torch.randn(2, 3, 5, 7, 7, dtype=torch.float64)
+    ours = sape2.contextual_position_logits(q, k, table, 0.35, key_mode, present, inside)
+    assert ours.grad_fn.name() == "ContextualPositionLogitsBackward"
+    theirs = sape2.LineTerms.of(q, k, table, 0.35, key_mode, present).interpolated(inside)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    ours_grads = torch.autograd.grad(ours, (q, k, table), grad)
+    for name, a, b in zip(("q", "k", "table"), ours_grads, torch.autograd.grad(theirs, (q, k, table), grad)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=name)
+    control = sape2.LineTerms.of(q, k, table, 0.35, key_mode, present).interpolated(None)
+    assert not torch.allclose(torch.autograd.grad(control, q, grad)[0], ours_grads[0], atol=1e-6)
+
+
 def test_blockwise_training_under_gradient_checkpointing_gives_the_whole_bias_gradients(monkeypatch):
     """timm's gradient checkpointing makes each block's forward again in backward: the gradients by hand then come
     from the bias inputs made again (those :class:`BiasRows` names), as the whole bias's without checkpointing."""

@@ -25,18 +25,95 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from timm.layers import trunc_normal_
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.autograd.function import once_differentiable
 
 from .absolute import AddsLearnedTable
 from .base import BiasRows, EncodingContext, PositionEncoding, TokenPositions
 from .registry import register_encoding
 
 __all__ = ["SaPE2", "SaPE2State"]
+
+
+class LineTerms(NamedTuple):
+    """The terms of :func:`contextual_position_logits` for lines (..., L, d) of queries and keys (eqs. 9-15)."""
+
+    gates: torch.Tensor  # sigmoid(q k^T / sqrt(d)), (..., L_i, L_j), before the ``present`` mask
+    positions: torch.Tensor  # p_im = sum_{j >= m} g_ij (masked gates), not yet clamped to npos - 1
+    logits: torch.Tensor  # z_i[p] at integer p, (..., L, npos)
+    floor: torch.Tensor  # (..., L, L) int64: the integer positions each side of the clamped p_im
+    ceil: torch.Tensor
+    frac: torch.Tensor  # clamped p_im - floor
+    lower: torch.Tensor  # z_i[floor], z_i[ceil]
+    upper: torch.Tensor
+
+    @classmethod
+    def of(cls, q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, scale: float, key_mode: bool,
+           present: torch.Tensor | None) -> LineTerms:
+        gates = torch.sigmoid((q @ k.transpose(-1, -2)) * scale)  # (..., L_i, L_j)
+        return cls.from_products(gates, (k if key_mode else q) @ emb, present)  # z_i[p] at integer p: (..., L, npos)
+
+    @classmethod
+    def from_products(cls, gates: torch.Tensor, logits: torch.Tensor, present: torch.Tensor | None) -> LineTerms:
+        """The terms from the gates and the logits at integer positions (the two matrix products)."""
+        masked = gates if present is None else gates * present[..., None, :].to(gates.dtype)
+        positions = masked.flip(-1).cumsum(-1).flip(-1)  # p_im = sum_{j >= m} g_ij
+        pos = positions.clamp(max=logits.shape[-1] - 1)
+        # indices from a NaN-free copy: a NaN input then stays NaN in its own sample (through frac), as it does in
+        # every other encoding, instead of becoming an out-of-range index that fails the whole batch
+        index = pos.detach().nan_to_num(0.0)
+        floor = index.floor()
+        floor_index, ceil_index = floor.long(), index.ceil().long()
+        return cls(gates, positions, logits, floor_index, ceil_index, pos - floor, logits.gather(-1, floor_index),
+                   logits.gather(-1, ceil_index))
+
+    def interpolated(self, inside: torch.Tensor | None) -> torch.Tensor:
+        """The logit at each fractional position, (..., L_i, L_m); zero past the sample's own grid (``inside``)."""
+        out = self.upper * self.frac + self.lower * (1 - self.frac)
+        return out if inside is None else out * inside[..., None, :].to(out.dtype)
+
+
+class ContextualPositionLogits(torch.autograd.Function):
+    """:func:`contextual_position_logits` with its backward by hand. It saves the lines' queries and keys and its two
+    matrix products (the gates, (..., L, L), and the logits at integer positions, (..., L, npos)) and makes its other
+    terms again in backward (:class:`LineTerms`): autograd kept some ten (..., L, L) tensors per axis and layer, so
+    training checkpointed the vectors, which then were made twice and differentiated (ViT-S/16 448 px, batch 4, a
+    layer's vectors forward and backward: 35-40 ms checkpointed, 21-23 ms through autograd holding every term,
+    23-24 ms by hand)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, scale: float, key_mode: bool,
+                present: torch.Tensor | None, inside: torch.Tensor | None) -> torch.Tensor:
+        terms = LineTerms.of(q, k, emb, scale, key_mode, present)
+        ctx.scale, ctx.key_mode = scale, key_mode
+        ctx.save_for_backward(q, k, emb, terms.gates, terms.logits, present, inside)
+        return terms.interpolated(inside)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, emb, gates, logits, present, inside = ctx.saved_tensors
+        terms = LineTerms.from_products(gates, logits, present)
+        if inside is not None:
+            grad = grad * inside[..., None, :].to(grad.dtype)
+        # out = upper frac + lower (1 - frac): the logits at floor and ceil gathered, frac from the positions
+        grad_logits = torch.zeros_like(terms.logits).scatter_add_(-1, terms.floor, grad * (1 - terms.frac))
+        grad_logits.scatter_add_(-1, terms.ceil, grad * terms.frac)
+        grad_pos = (grad * terms.upper).sub_(grad * terms.lower)
+        grad_pos.masked_fill_(~(terms.positions <= emb.shape[-1] - 1), 0.0)  # clamp(max=): none past it (nor NaN)
+        grad_gates = grad_pos.cumsum(-1)  # p_m = sum_{j >= m} g_j: g_j gets sum_{m <= j} of p_m's
+        if present is not None:
+            grad_gates.mul_(present[..., None, :].to(grad_gates.dtype))
+        grad_scores = grad_gates.mul_(terms.gates).mul_(1 - terms.gates).mul_(ctx.scale)  # sigmoid, then the scale
+        grad_q, grad_k = grad_scores @ k, grad_scores.transpose(-1, -2) @ q
+        u = k if ctx.key_mode else q
+        (grad_k if ctx.key_mode else grad_q).add_(grad_logits @ emb.T)
+        grad_emb = u.reshape(-1, u.shape[-1]).T @ grad_logits.reshape(-1, grad_logits.shape[-1])
+        return grad_q, grad_k, grad_emb, None, None, None, None
 
 
 def contextual_position_logits(
@@ -49,21 +126,12 @@ def contextual_position_logits(
     the interpolated logit of every position m in its line. Per-token inputs scattered onto a grid mark which cells
     hold a token (``present``, (..., L): an empty cell gates nothing) and which positions lie inside the sample's own
     grid (``inside``, (..., L): a position past it has no logit, so that a padded sample scores as it does alone).
+    With gradients (outside a compiled graph), :class:`ContextualPositionLogits`, its backward by hand.
     """
-    gates = torch.sigmoid((q @ k.transpose(-1, -2)) * scale)  # (..., L_i, L_j)
-    if present is not None:
-        gates = gates * present[..., None, :].to(gates.dtype)
-    pos = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=emb.shape[-1] - 1)  # p_im = sum_{j >= m} g_ij
-    logits = (k if key_mode else q) @ emb  # (..., L, npos): z_i[p] at integer p
-    # indices from a NaN-free copy: a NaN input then stays NaN in its own sample (through frac), as it does in every
-    # other encoding, instead of becoming an out-of-range index that fails the whole batch
-    index = pos.detach().nan_to_num(0.0)
-    floor = index.floor()
-    frac = pos - floor
-    lower = logits.gather(-1, floor.long())
-    upper = logits.gather(-1, index.ceil().long())
-    out = upper * frac + lower * (1 - frac)
-    return out if inside is None else out * inside[..., None, :].to(out.dtype)
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling() and \
+            (q.requires_grad or k.requires_grad or emb.requires_grad):
+        return ContextualPositionLogits.apply(q, k, emb, scale, key_mode, present, inside)
+    return LineTerms.of(q, k, emb, scale, key_mode, present).interpolated(inside)
 
 
 #: elements of one block of lines' (B, heads, lines, L, L) gates on the blockwise path (no N x N bias held): the lines
@@ -417,14 +485,10 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
         """The SaPE vectors of every token are made once per layer ((B, H, N, L) per axis, no N x N), then each
         block of query rows takes its distances to every key. On CPU without gradients each block is written into
         the forward's block memory, which the next block overwrites (:class:`SaPE2State`)."""
-        # in training the vectors are remade in backward (checkpointed): the gates and interpolation behind them are
-        # (B, H, lines, L, L) per axis and layer, which autograd would otherwise keep for every layer. There every
-        # line goes at once: the remade layer's autograd keeps every block's temporaries anyway, and blocks cost time
-        # (ViT-S/16 448 px, batch 4, one layer: 44 ms forward and backward in blocks, 26 ms at once)
-        if torch.is_grad_enabled() and (q.requires_grad or self.pos_emb.requires_grad):
-            vectors = checkpoint(self.sape_vectors, layer, q, k, state, use_reentrant=False)
-        else:
-            vectors = self.sape_vectors(layer, q, k, state, LINE_BLOCK_ELEMENTS)
+        # in training every line goes at once: with gradients the lines keep only their queries and keys for backward
+        # (:class:`ContextualPositionLogits`), and blocks cost time
+        grad = torch.is_grad_enabled() and (q.requires_grad or self.pos_emb.requires_grad)
+        vectors = self.sape_vectors(layer, q, k, state, None if grad else LINE_BLOCK_ELEMENTS)
         return self.distance_rows(vectors, state)
 
     def distance_rows(self, vectors: list[torch.Tensor], state: SaPE2State
