@@ -330,12 +330,16 @@ class LieRE(PositionEncoding):
         size = self.rotations_bytes((coords.shape[0] if coords.ndim == 3 else 1) * tokens)
         if torch.compiler.is_compiling():  # one graph: the layer's rotations at once
             return self.rotate_block(qk, coords, layer)
-        if size <= STATE_BYTES:  # the layer's rotations at once; in training recomputed in backward (checkpointed):
-            # autograd would otherwise keep every layer's rotations, generator sums and unrotated queries and keys
-            # (LieRE-8 at ViT-S/16, 448 px, batch 4: 1.58 GB against 1.39 GB, for 2% of the step's time; torch's
-            # matrix_exp kept several times the rotations: 2.2x a plain ViT's training memory)
-            return checkpoint(self.rotate_block, qk, coords, layer, use_reentrant=False) \
-                if torch.is_grad_enabled() and self.generators.requires_grad else self.rotate_block(qk, coords, layer)
+        if size <= STATE_BYTES:  # the layer's rotations at once. In training on CPU autograd keeps them, with their
+            # generator sums (rotation_exp's) and the unrotated queries and keys, a few times STATE_BYTES a layer at
+            # most: recomputed in backward instead (checkpointed), each step made the exponentials a third time
+            # (LieRE-8 at ViT-S/16, 448 px, batch 4, fresh processes alternated: 4.65-4.68 s and 1.61 GB resident
+            # kept, 4.91-5.11 s and 1.36 GB checkpointed; `ape` about 3.2 s and 1.0 GB: the lines are 1.5x
+            # its time and 2x its memory). Elsewhere torch's matrix_exp keeps several times the rotations for its
+            # backward (2.2x a plain ViT's training memory): checkpointed
+            if torch.is_grad_enabled() and self.generators.requires_grad and coords.device.type != "cpu":
+                return checkpoint(self.rotate_block, qk, coords, layer, use_reentrant=False)
+            return self.rotate_block(qk, coords, layer)
         # a large grid: the rotations of a block of tokens, used and dropped; in training each block is recomputed
         # in backward (checkpointed), so matrix_exp's intermediates never cover every token
         if not torch.is_grad_enabled():  # each block straight into the output: nothing but the output outlives a block
