@@ -440,11 +440,12 @@ GOAL_ROWS = [
 ]
 _SAPE2_BIAS = ("its bias depends on content: per layer both axes' (B, heads, N, N) distances and their square roots, "
                "then attention reads it as a mask; the ratio moves with the machine (the 448 px section)")
-_EXPONENTIALS = ("matrix exponentials of every token's {}, per head and layer, made, made again and differentiated "
-                 "each step (the paper's code makes layer 0's alone: its loop reuses them)")
-_SAPE2_STEP = ("per layer its (B, heads, N, N) distances, made in the forward, made again in backward and "
-               "differentiated, about as much work as attention's own, and attention by hand: no CPU kernel in torch "
-               "2.14 returns a bias's gradient (the 448 px section)")
+_EXPONENTIALS = ("matrix exponentials of every token's {}, per head and layer, {} each step (the paper's code makes "
+                 "layer 0's alone: its loop reuses them)")
+_SAPE2_STEP = ("per layer both axes' (B, heads, N, N) distances, a block of query rows at a time, made in the forward, "
+               "made again in backward and differentiated by hand: matrix products and square roots about as much as "
+               "attention's own, and attention by hand: no CPU kernel in torch 2.14 returns a bias's gradient (the "
+               "448 px section)")
 _GPU_BLOCKS = "4 MB blocks of rotations on a GPU, for time: 2 MB blocks reach 1.51x and take 1.5x as long"
 _GPU_SAPE2_MEMORY = "a few hundredths over: under autocast its distances run in float32"
 _GPU_LAUNCHES = ("eager, a few kernels more per layer on a forward of a few milliseconds: the H200 waits on their "
@@ -461,8 +462,10 @@ MISSED_BECAUSE = {
     ("infer_time", "cpu", "sape2_ape"): _SAPE2_BIAS,
     ("infer_time", "cpu", "liere"): "a 64x64 matrix exponential per token, head and layer in every forward (its "
     "rotations are over `CACHE_BYTES` at this size)",
-    ("train_time", "cpu", "liere8"): _EXPONENTIALS.format("8x8 blocks"),
-    ("train_time", "cpu", "liere"): _EXPONENTIALS.format("64x64 rotation"),
+    ("train_time", "cpu", "liere8"): _EXPONENTIALS.format("8x8 blocks", "made, made again in backward and "
+                                                          "differentiated"),
+    ("train_time", "cpu", "liere"): _EXPONENTIALS.format("64x64 rotation", "made, made again (blocks checkpointed), "
+                                                         "a third time in backward and differentiated"),
     ("train_time", "cpu", "sape2"): _SAPE2_STEP,
     ("train_time", "cpu", "sape2_ape"): _SAPE2_STEP,
     ("train_memory", "cpu", "liere"): "the C allocator's heap between blocks of rotations: live tensors are 1.18x "
