@@ -134,7 +134,8 @@ def contextual_position_logits(
     return LineTerms.of(q, k, emb, scale, key_mode, present).interpolated(inside)
 
 
-#: elements of one block of lines' (B, heads, lines, L, L) gates on the blockwise path (no N x N bias held): the lines
+#: elements of one block of lines' (B, heads, lines, L, L) gates on the blockwise path without gradients (no N x N bias
+#: held; with gradients the lines keep only their inputs and products for backward, and go at once): the lines
 #: are taken a block at a time, so that the ten or so such temporaries of :func:`contextual_position_logits` stay
 #: small (1 MB each). Where the whole (B, heads, N, N) bias is formed, every line goes at once: all of a temporary is
 #: (B, heads, N, L), a fraction L/N of that bias, and each block costs some fifteen kernel launches (a GPU's time)

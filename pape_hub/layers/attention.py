@@ -184,9 +184,10 @@ class BiasGradient:
     def __init__(self, bias: BiasRows, inputs: list[torch.Tensor], wanted: tuple[bool, ...]) -> None:
         self.make, self.wanted = bias.make, wanted
         self.by_hand: BiasRowsByHand | None = bias.by_hand(*inputs) if bias.by_hand is not None else None
-        self.leaves = [t.detach().requires_grad_(want) for t, want in zip(inputs, wanted)]
-        self.totals = [torch.zeros_like(t) if want else None for t, want in zip(inputs, wanted)]
         self.block: torch.Tensor | None = None
+        if self.by_hand is None:  # autograd's side: leaves to differentiate each block in, and their gradients
+            self.leaves = [t.detach().requires_grad_(want) for t, want in zip(inputs, wanted)]
+            self.totals = [torch.zeros_like(t) if want else None for t, want in zip(inputs, wanted)]
 
     def add_rows(self, logits: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         """``logits`` (B, H, rows, T) with rows ``start:stop`` of the bias added, in place."""
