@@ -16,14 +16,15 @@ Rotations are computed in float32 (float64 for float64 coordinates), on CPU by :
 squaring, a chunk at a time; elsewhere and compiled, ``torch.linalg.matrix_exp``): at inference once per grid for all
 layers (one layer at a time, cached: 0.46 GB for dense LieRE at ViT-B/16 224 px, 1.85 GB at 448, half that in bf16
 under autocast; invalidated when the parameters change); in training once per step and layer, inside that layer (so
-with gradient checkpointing they are recomputed there, and only one layer's intermediates live).
+with gradient checkpointing they are recomputed there, and only one layer's intermediates live); on a grid whose layer
+of rotations is over ``STATE_BYTES``, a block of tokens at a time, made again in backward (on CPU by
+:class:`GeneratorRotation`, once; elsewhere checkpointed).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from itertools import islice
 from typing import Any, NamedTuple
 
 import torch
@@ -50,8 +51,8 @@ __all__ = ["BLOCK_BYTES", "CACHE_BYTES", "INFERENCE_BLOCK_BYTES", "LieRE", "rota
 #: 896 px needs 462 MB to stay cached (5x a plain ViT's peak), dense LieRE at ViT-B/16 224 px 465 MB (without it, 3.3x
 #: timm's ViT-B time). Raise it where time matters more than memory
 CACHE_BYTES = 256 << 20
-#: rotations made at a time on a large grid in training, each block checkpointed (matrix_exp's temporaries are several
-#: times as large)
+#: rotations made at a time on a large grid in training, each block through :class:`GeneratorRotation` (one grid on
+#: CPU) or checkpointed (matrix_exp's temporaries are several times as large)
 BLOCK_BYTES = 4 << 20
 #: the same without gradients on CPU, each block's rotated queries and keys written straight into the layer's output
 #: (on a GPU too, in blocks of BLOCK_BYTES, where each block costs kernel launches). Smaller on CPU: glibc keeps the
@@ -161,6 +162,17 @@ def squared_powers(exp: torch.Tensor, counts: list[int]) -> Iterator[torch.Tenso
         yield exp
 
 
+def exponentials(log_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(n, b, b) generator sums -> their exponentials, the order they went in (most squarings first) and each one's
+    squarings in that order; no autograd."""
+    squarings, order = squaring_counts(log_rot).sort(descending=True, stable=True)
+    out = torch.empty_like(log_rot)
+    for index, x, counts, _ in sorted_chunks(log_rot, order, squarings):
+        for power, done in zip(squared_powers(TaylorTerms.of(x).exp, counts), [*counts, 0]):
+            out.index_copy_(0, index[done : power.shape[0]], power[done:])  # squared no more
+    return out, order, squarings
+
+
 class RotationExp(torch.autograd.Function):
     """:func:`rotation_exp`, its backward by hand: each chunk's Taylor terms and squarings made again (no autograd),
     then differentiated in reverse, so that no chunk's intermediates outlive it. The matrices go sorted by their
@@ -169,28 +181,40 @@ class RotationExp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, log_rot: torch.Tensor) -> torch.Tensor:
-        squarings, order = squaring_counts(log_rot).sort(descending=True, stable=True)
+        out, order, squarings = exponentials(log_rot)
         ctx.save_for_backward(log_rot, order, squarings)
-        out = torch.empty_like(log_rot)
-        for index, x, counts, _ in sorted_chunks(log_rot, order, squarings):
-            for power, done in zip(squared_powers(TaylorTerms.of(x).exp, counts), [*counts, 0]):
-                out.index_copy_(0, index[done : power.shape[0]], power[done:])  # squared no more
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         log_rot, order, squarings = ctx.saved_tensors
-        grad_in = torch.empty_like(log_rot)
-        for index, x, counts, scales in sorted_chunks(log_rot, order, squarings):
-            terms = TaylorTerms.of(x)
-            before_steps = list(islice(squared_powers(terms.exp, counts), len(counts)))  # not the last result
-            chunk_grad = grad.index_select(0, index)
-            for count, power in zip(reversed(counts), reversed(before_steps)):  # E' = E E: E gets g E^T + E^T g
-                before = power[:count]
-                chunk_grad[:count] = torch.bmm(chunk_grad[:count], before.mT).baddbmm_(before.mT, chunk_grad[:count])
-            grad_in.index_copy_(0, index, terms.backward(chunk_grad) * scales)
-        return grad_in
+        return exp_backward(log_rot, order, squarings, lambda index, powers, counts: grad.index_select(0, index))
+
+
+def each_exponential(powers: list[torch.Tensor], counts: list[int]) -> torch.Tensor:
+    """A sorted chunk's exponentials (n, b, b) from its :func:`squared_powers`: each matrix's at its own count."""
+    exp = torch.empty_like(powers[0])
+    for power, done in zip(powers, [*counts, 0]):
+        exp[done : power.shape[0]] = power[done:]
+    return exp
+
+
+def exp_backward(log_rot: torch.Tensor, order: torch.Tensor, squarings: torch.Tensor,
+                 chunk_grad: Callable[[torch.Tensor, list[torch.Tensor], list[int]], torch.Tensor]) -> torch.Tensor:
+    """The gradient for the generator sums ``log_rot`` (n, b, b): each chunk's Taylor terms and squarings made again,
+    then differentiated in reverse. ``chunk_grad(index, powers, counts)`` gives the gradient for the chunk's
+    exponentials (len(index), b, b), in its order; it may read their :func:`squared_powers`."""
+    grad_in = torch.empty_like(log_rot)
+    for index, x, counts, scales in sorted_chunks(log_rot, order, squarings):
+        terms = TaylorTerms.of(x)
+        powers = list(squared_powers(terms.exp, counts))
+        grad = chunk_grad(index, powers, counts)
+        for count, power in zip(reversed(counts), reversed(powers[:-1])):  # E' = E E: E gets g E^T + E^T g
+            before = power[:count]
+            grad[:count] = torch.bmm(grad[:count], before.mT).baddbmm_(before.mT, grad[:count])
+        grad_in.index_copy_(0, index, terms.backward(grad) * scales)
+    return grad_in
 
 
 def rotation_exp(log_rot: torch.Tensor) -> torch.Tensor:
@@ -202,6 +226,62 @@ def rotation_exp(log_rot: torch.Tensor) -> torch.Tensor:
     forward and 454 ms with backward there, dense LieRE 0.93 s and 6.05 s (docs/speed.md gives this function's). Its
     backward makes each chunk again from the generator sums (:class:`RotationExp`)."""
     return RotationExp.apply(log_rot)
+
+
+class GeneratorRotation(torch.autograd.Function):
+    """Queries and keys rotated by R = exp(sum_d p_d A_d), made from the positions and the skew generators, with no
+    rotation kept: for LieRE's large grids in training on CPU. Checkpointing a block of tokens made its exponentials
+    three times a step (forward, the checkpoint's remake, :class:`RotationExp`'s backward); here the backward makes
+    each chunk's Taylor terms and squarings once, and takes from them both the exponentials, for the queries' and
+    keys' gradient, and the generators' gradient (two makings and the differentiation, against three and it).
+    qk: (2, B, H, T, G*b) with positions (T, p) shared by the batch; skew: (H, G, p, b, b) -> (2, B, H, T, G*b)."""
+
+    @staticmethod
+    def forward(ctx: Any, qk: torch.Tensor, pos: torch.Tensor, skew: torch.Tensor) -> torch.Tensor:
+        rot, _, _ = exponentials(generator_sums(pos, skew))
+        ctx.save_for_backward(qk, pos, skew)  # qk as given (a view of the layer's): a copy would be held per layer
+        vectors = as_columns(qk, skew.shape[-1])
+        return from_columns(torch.bmm(rot, vectors), qk.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        qk, pos, skew = ctx.saved_tensors
+        b = skew.shape[-1]
+        log_rot = generator_sums(pos, skew)
+        squarings, order = squaring_counts(log_rot).sort(descending=True, stable=True)
+        vectors, grad_vectors = as_columns(qk, b), as_columns(grad, b)  # (n, b, 2B)
+        grad_rot = torch.bmm(grad_vectors, vectors.mT)  # rotated = R v: R gets g v^T, v gets R^T g
+        grad_qk = torch.empty_like(vectors)
+
+        def chunk_grad(index: torch.Tensor, powers: list[torch.Tensor], counts: list[int]) -> torch.Tensor:
+            rot = each_exponential(powers, counts)
+            grad_qk.index_copy_(0, index, torch.bmm(rot.mT, grad_vectors.index_select(0, index)))
+            return grad_rot.index_select(0, index)
+
+        grad_log_rot = exp_backward(log_rot, order, squarings, chunk_grad)
+        heads, blocks = skew.shape[:2]
+        grad_skew = torch.einsum("np,hngij->hgpij", pos, grad_log_rot.view(heads, -1, blocks, b, b))
+        return from_columns(grad_qk, qk.shape), None, grad_skew
+
+
+def generator_sums(pos: torch.Tensor, skew: torch.Tensor) -> torch.Tensor:
+    """(T, p) positions, (H, G, p, b, b) generators -> sum_d p_d A_d, flat (H * T * G, b, b)."""
+    return torch.einsum("np,hgpij->hngij", pos, skew).flatten(0, 2)
+
+
+def as_columns(qk: torch.Tensor, b: int) -> torch.Tensor:
+    """(2, B, H, T, G*b) -> (H * T * G, b, 2 * B): each rotation block's vectors, side by side."""
+    two, batch, heads, tokens, span = qk.shape
+    return qk.reshape(two, batch, heads, tokens, span // b, b).permute(2, 3, 4, 5, 0, 1).reshape(-1, b, two * batch)
+
+
+def from_columns(columns: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """:func:`as_columns`' inverse: (H * T * G, b, 2 * B) -> ``shape`` (2, B, H, T, G*b)."""
+    two, batch, heads, tokens, span = shape
+    b = columns.shape[1]
+    blocks = columns.view(heads, tokens, span // b, b, two, batch).permute(4, 5, 0, 1, 2, 3)
+    return blocks.reshape(shape)
 
 
 def distinct_coordinates(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -336,12 +416,13 @@ class LieRE(PositionEncoding):
             # (LieRE-8 at ViT-S/16, 448 px, batch 4, fresh processes alternated: 4.65-4.68 s and 1.61 GB resident
             # kept, 4.91-5.11 s and 1.36 GB checkpointed; `ape` about 3.2 s and 1.0 GB: the issue's lines are 1.5x
             # its time and 2x its memory). Elsewhere torch's matrix_exp keeps several times the rotations for its
-            # backward (2.2x a plain ViT's training memory): checkpointed
+            # backward (2.2x a plain ViT's training memory): checkpointed. GeneratorRotation here (no rotation kept,
+            # made again in backward) took LieRE-8's step there to 8.0 s from 6.0-6.2 s: a layer's 8x8 blocks at once
             if torch.is_grad_enabled() and self.generators.requires_grad and coords.device.type != "cpu":
                 return checkpoint(self.rotate_block, qk, coords, layer, use_reentrant=False)
             return self.rotate_block(qk, coords, layer)
-        # a large grid: the rotations of a block of tokens, used and dropped; in training each block is recomputed
-        # in backward (checkpointed), so matrix_exp's intermediates never cover every token
+        # a large grid: the rotations of a block of tokens, used and dropped; in training each block's are made again
+        # in backward, so the exponentials' intermediates never cover every token
         if not torch.is_grad_enabled():  # each block straight into the output: nothing but the output outlives a block
             out = torch.empty_like(qk)
             with full_precision(coords.device):
@@ -352,11 +433,17 @@ class LieRE(PositionEncoding):
                         qk[..., start : start + step, :], rotations(start, min(start + step, tokens)))
             return out
         step = max(1, tokens * BLOCK_BYTES // size)
+        by_hand = self.by_hand(coords)
         blocks = []
         for start in range(0, tokens, step):
             part = qk[..., start : start + step, :]
             block = coords[..., start : start + step, :]
-            blocks.append(checkpoint(self.rotate_block, part, block, layer, use_reentrant=False))
+            if by_hand:  # one grid on CPU: GeneratorRotation makes the exponentials once in backward, checkpointing
+                # twice (dense LieRE at ViT-S/16, 448 px, batch 4, fresh processes alternated: 20.1-20.2 s a step
+                # against 22.6-22.7 s; LieRE-8 forced blockwise there 5.9-6.1 s against 6.2-6.6 s)
+                blocks.append(self.rotate_by_hand(part, block, layer))
+            else:  # per-sample coordinates (their distinct ones, per block), a GPU's matrix_exp, autocast
+                blocks.append(checkpoint(self.rotate_block, part, block, layer, use_reentrant=False))
         return torch.cat(blocks, dim=-2)
 
     def block_rotations(self, coords: torch.Tensor, layer: int
@@ -381,6 +468,23 @@ class LieRE(PositionEncoding):
         """Queries and keys of a block of tokens rotated by that block's rotations of ``layer``."""
         with full_precision(coords.device):
             return self.rotate(qk, self.rotations(coords, layer))
+
+    @staticmethod
+    def by_hand(coords: torch.Tensor) -> bool:
+        """Whether :meth:`rotate_by_hand` takes a layer's rotations in training: one grid's coordinates (T, p), on CPU
+        without autocast (a GPU's and autocast's path is torch's matrix_exp)."""
+        return coords.ndim == 2 and coords.device.type == "cpu" and autocast_dtype(coords.device) is None
+
+    def rotate_by_hand(self, qk: torch.Tensor, coords: torch.Tensor, layer: int) -> torch.Tensor:
+        """:meth:`rotate_block` through :class:`GeneratorRotation` (coordinates (T, p) shared by the batch, CPU)."""
+        work = compute_dtype(coords)
+        pos = coords.to(work) * self.extent_scale.to(work)
+        skew = skew_symmetric(self.generators[layer].to(work))  # (H, G, p, b, b)
+        span = self.num_blocks * self.block_size
+        rotated = GeneratorRotation.apply(qk[..., :span].to(work), pos, skew)
+        if span < qk.shape[-1]:  # head dims beyond the last full block stay as they are
+            rotated = torch.cat([rotated, qk[..., span:].to(work)], dim=-1)
+        return rotated.to(qk.dtype)
 
     def no_weight_decay(self) -> set[str]:
         return {"generators"}
