@@ -290,3 +290,40 @@ def test_the_goals_block_names_every_miss_and_why_or_that_it_is_not_explained(tm
     assert f"`liere` 7.00x: {because}" in time_row and "`none` 1.60x: not explained" in time_row
     assert "`liere8` 1.70x: " + MISSED_BECAUSE[("train_time", "cpu", "liere8")] in time_row
     assert "`rope` 1.10x" in infer_row and infer_row.endswith("none: met |") and "timm_rope" not in infer_row
+
+
+def test_the_memory_probe_interleaves_rounds_and_keeps_medians(tmp_path, monkeypatch):
+    """`python -m lab memory --rounds N` measures every cell N times, a round of every encoding at a time (the
+    baseline first), and keeps each number's median over the rounds with the rounds' own; its table says so. Fewer
+    than one round is refused by name."""
+    import argparse
+    import json
+
+    from lab.commands import memory
+    from lab.commands.report import memory_block
+
+    order, real_run = [], memory.subprocess.run
+    times = iter([1.0, 2.0, 5.0, 1.5, 1.2, 3.0])  # ape, alibi, ape, alibi, ape, alibi
+
+    def fake_run(command, **kwargs):
+        if "env" not in kwargs:  # git, for the provenance
+            return real_run(command, **kwargs)
+        order.append("alibi" if "'alibi'" in command[-1] else "ape")
+        row = dict(peak_mb=10.0 * len(order), tensors_mb=1.0, time_s=next(times), first_s=0.1)
+        return argparse.Namespace(returncode=0, stdout=json.dumps(row) + "\n", stderr="")
+
+    monkeypatch.setattr(memory.subprocess, "run", fake_run)
+    monkeypatch.setattr(memory, "plot", lambda report, path: None)
+    parser = argparse.ArgumentParser()
+    memory.add_arguments(parser)
+    output = tmp_path / "memory.json"
+    args = parser.parse_args(["--encodings", "alibi,ape", "--resolutions", "32", "--rounds", "3",
+                              "--output", str(output)])
+    monkeypatch.setattr(memory.sys, "argv", ["lab", "memory"])
+    assert memory.run(args) == 0 and order == ["ape", "alibi"] * 3
+    rows = json.loads(output.read_text())["rows"]
+    assert rows["ape"]["32"]["time_s"] == 1.2 and rows["alibi"]["32"]["time_s"] == 2.0
+    assert rows["alibi"]["32"]["round_time_s"] == [2.0, 1.5, 3.0] and rows["alibi"]["32"]["peak_mb"] == 40.0
+    assert "3 interleaved rounds" in memory_block(tmp_path, "memory.json")
+    with pytest.raises(ValueError, match="--rounds"):
+        memory.run(parser.parse_args(["--rounds", "0"]))

@@ -7,7 +7,10 @@ that forward (the issue's measure, which includes what the C allocator keeps of 
 times ``--repeats`` more forwards (median) and runs one more under torch's profiler, whose allocation events give the
 peak of live tensors (``tensors_mb``: independent of the allocator). ``--train``:
 one training step instead (forward, cross-entropy, backward, AdamW), batch ``--batch-size``, after one warm-up step
-at the same size; memory is the growth over the warm-up 32 px step, time the median of the next steps. Subnormal
+at the same size; memory is the growth over the warm-up 32 px step, time the median of the next steps.
+``--rounds N`` measures every cell N times, in interleaved rounds (each round every encoding once, the baseline first),
+and keeps each number's median over the rounds: a machine's drift during a run falls on every encoding alike instead
+of on whichever ran then (`ape`'s training step at 448 px read 3.1-4.1 s across runs on one CPU). Subnormal
 floats are flushed to zero, as ``pape-hub train`` and ``python -m lab bench`` do (on an Intel Xeon a PaPE training
 step took 11x `ape`'s with them, 27.6 s to 2.5 s at 448 px).
 
@@ -17,7 +20,8 @@ allocated before it (weights, optimizer state), free of whatever an earlier mode
 ``--repeats`` synchronised calls after the measured one.
 
     python -m lab memory --output results/memory_vit_s16_cpu.json                  # 224 -> 1024 px sweep
-    python -m lab memory --train --resolutions 448 --batch-size 4 --output results/memory_train_vit_s16_448_cpu.json
+    python -m lab memory --train --resolutions 448 --batch-size 4 --rounds 3 \
+        --output results/memory_train_vit_s16_448_cpu.json
     python -m lab memory --device cuda --output results/memory_vit_s16_cuda.json    # the same sweep on a GPU, bf16
 """
 
@@ -103,6 +107,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-profile", action="store_true", help="skip the profiled call that gives the peak of live "
                         "tensors (one forward less: for the slowest sizes)")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls after the measured one (median)")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds: every encoding's cells once a "
+                        "round, in fresh processes; each cell's numbers are medians over rounds (what a machine's "
+                        "drift does falls on every encoding alike)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads in each process")
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per process")
     parser.add_argument("--device", default="cpu", help="cpu (each cell a fresh process) or cuda (one process, "
@@ -189,19 +196,37 @@ def gpu_probe(encoding: str, resolutions: list[int], args: argparse.Namespace) -
 
 def measure_all(encodings: list[str], resolutions: list[int], args: argparse.Namespace,
                 saved: Callable[[dict[str, dict[str, Any]]], None]) -> None:
-    """Every cell: a fresh process per cell on CPU, one process per encoding's row on a GPU; ``saved`` gets the rows
-    after each encoding (a killed sweep keeps what it measured)."""
-    rows: dict[str, dict[str, Any]] = {}
-    for encoding in encodings:
-        rows[encoding] = gpu_probe(encoding, resolutions, args) if args.device != "cpu" else \
-            {str(res): probe(encoding, res, args) for res in resolutions}
-        for res in resolutions:
-            row = rows[encoding][str(res)]
-            tensors = f" ({row['tensors_mb']:7.1f} of tensors)" if row.get("tensors_mb") is not None else ""
-            shown = f"{row['peak_mb']:8.1f} MB{tensors} {row['time_s'] * 1e3:9.1f} ms" if "error" not in row \
-                else row["error"]
-            print(f"{encoding:16s} {res:5d} px  {shown}", flush=True)
-        saved(rows)
+    """Every cell, ``--rounds`` times, interleaved: a fresh process per cell on CPU, one process per encoding's row on
+    a GPU; ``saved`` gets the rows (medians over the rounds so far) after each encoding (a killed sweep keeps what it
+    measured)."""
+    measured: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for round_number in range(1, args.rounds + 1):
+        for encoding in encodings:
+            cells = gpu_probe(encoding, resolutions, args) if args.device != "cpu" else \
+                {str(res): probe(encoding, res, args) for res in resolutions}
+            for res in resolutions:
+                measured.setdefault(encoding, {}).setdefault(str(res), []).append(row := cells[str(res)])
+                tensors = f" ({row['tensors_mb']:7.1f} of tensors)" if row.get("tensors_mb") is not None else ""
+                shown = f"{row['peak_mb']:8.1f} MB{tensors} {row['time_s'] * 1e3:9.1f} ms" if "error" not in row \
+                    else row["error"]
+                which = f"  round {round_number}" if args.rounds > 1 else ""
+                print(f"{encoding:16s} {res:5d} px  {shown}{which}", flush=True)
+            saved({enc: {res: over_rounds(rounds) for res, rounds in by_res.items()}
+                   for enc, by_res in measured.items()})
+
+
+def over_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One cell's measurements in each round -> the cell: each number's median, and with more than one round the
+    rounds' times and peaks themselves; a round that failed fails the cell."""
+    import statistics
+
+    failed = [row for row in rounds if "error" in row]
+    if len(rounds) == 1 or failed:
+        return (failed or rounds)[0]
+    median = lambda key: statistics.median(row[key] for row in rounds)  # noqa: E731
+    return dict(peak_mb=median("peak_mb"), first_s=median("first_s"), time_s=median("time_s"),
+                tensors_mb=median("tensors_mb") if all(row.get("tensors_mb") for row in rounds) else None,
+                round_peak_mb=[row["peak_mb"] for row in rounds], round_time_s=[row["time_s"] for row in rounds])
 
 
 def probe_environment(args: argparse.Namespace) -> dict[str, str]:
@@ -233,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
     if args.mmap_threshold is not None and (args.device != "cpu" or args.mmap_threshold < 0):
         raise ValueError(f"--mmap-threshold {args.mmap_threshold}: a byte count >= 0 for --device cpu (glibc's "
                          "allocator; a GPU's memory is torch's caching allocator)")
+    if args.rounds < 1:
+        raise ValueError(f"--rounds {args.rounds}: at least 1 (each round measures every cell once)")
     if args.device == "cpu" and args.dtype == "bfloat16":
         raise ValueError("--dtype bfloat16 is for --device cuda: each CPU cell runs in float32 (the issue's measure); "
                          "leave --dtype out, or add --device cuda")
@@ -243,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
                   size=args.size, train=args.train, device=device_description(args),
                   flush_denormals=args.device == "cpu", mmap_threshold=args.mmap_threshold,
                   batch_size=args.batch_size if args.train else args.inference_batch_size,
-                  repeats=args.repeats, threads=args.threads, patch=16, resolutions=resolutions)
+                  repeats=args.repeats, rounds=args.rounds, threads=args.threads, patch=16, resolutions=resolutions)
     path = Path(args.output)
     path.parent.mkdir(parents=True, exist_ok=True)
 
