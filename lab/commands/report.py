@@ -447,8 +447,8 @@ _EXPONENTIALS = ("matrix exponentials of every token's {}, per head and layer, {
                  "every layer's too, by torch's `matrix_exp` and its backward, and then uses layer 0's in every layer)")
 _SAPE2_STEP = ("per layer both axes' (B, heads, N, N) distances, a block of query rows at a time, made in the forward, "
                "made again in backward and differentiated by hand: matrix products and square roots about as much as "
-               "attention's own, and attention by hand: no CPU kernel in torch 2.14 returns a bias's gradient (the "
-               "448 px section)")
+               "attention's own, and attention by hand: no CPU kernel in torch 2.14 returns a bias's gradient; the "
+               "ratio moves with the machine: 1.42x and 1.46x in the run at `7da0dd2` (the 448 px section)")
 _GPU_BLOCKS = "4 MB blocks of rotations on a GPU, for time: 2 MB blocks reach 1.51x and take 1.5x as long"
 _GPU_SAPE2_MEMORY = "a few hundredths over: under autocast its distances run in float32"
 _GPU_LAUNCHES = ("eager, a few kernels more per layer on a forward of a few milliseconds: the H200 waits on their "
@@ -466,10 +466,12 @@ MISSED_BECAUSE = {
     ("infer_time", "cpu", "liere"): "a 64x64 matrix exponential per token, head and layer in every forward (its "
     "rotations are over `CACHE_BYTES` at this size)",
     ("train_time", "cpu", "liere8"): _EXPONENTIALS.format("8x8 blocks", "made, made again in backward and "
-                                                          "differentiated"),
+                                                          "differentiated") + "; a batch of 8x8 products costs per "
+    "matrix more than its arithmetic, and the ratio moves with the machine: 1.41x in the run at `7da0dd2` (the 448 px "
+    "section)",
     ("train_time", "cpu", "liere"): _EXPONENTIALS.format("64x64 rotation", "made, made again in backward and "
-                                                         "differentiated: about 1.6 TFLOP of 64x64 products a step, "
-                                                         "bound by arithmetic (the 448 px section)"),
+                                                         "differentiated") + "; about 1.6 TFLOP of 64x64 products a "
+    "step, bound by arithmetic (the 448 px section)",
     ("train_time", "cpu", "sape2"): _SAPE2_STEP,
     ("train_time", "cpu", "sape2_ape"): _SAPE2_STEP,
     ("train_memory", "cpu", "liere"): "the C allocator's heap between blocks of rotations: live tensors are 1.18x "
