@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -235,33 +236,47 @@ def test_bootstrap_interval_of_the_mean():
     assert three[0] == pytest.approx(0.2) and three[1] == pytest.approx(1.0)
 
 
-def test_the_memory_probe_can_fix_glibcs_mmap_threshold_and_says_so(tmp_path, monkeypatch):
-    """`python -m lab memory --mmap-threshold N` hands each CPU cell MALLOC_MMAP_THRESHOLD_=N and its table names it;
-    a threshold for a GPU, or a negative one, is refused by name."""
+def fake_memory_run(monkeypatch, tmp_path, cell: Callable[[list[str], dict[str, str]], dict[str, float]]):
+    """`python -m lab memory`'s parser and run, each cell's process replaced by ``cell(command, env)`` (its JSON row);
+    plotting left out. Returns (parser, run(argv) -> the written report)."""
     import argparse
     import json
 
     from lab.commands import memory
-    from lab.commands.report import memory_block
 
-    seen, real_run = [], memory.subprocess.run
+    real_run = memory.subprocess.run
 
     def fake_run(command, **kwargs):
         if "env" not in kwargs:  # git, for the provenance
             return real_run(command, **kwargs)
-        seen.append(kwargs["env"].get("MALLOC_MMAP_THRESHOLD_"))
-        row = dict(peak_mb=1.0, tensors_mb=1.0, time_s=0.1, first_s=0.1)
-        return argparse.Namespace(returncode=0, stdout=json.dumps(row) + "\n", stderr="")
+        return argparse.Namespace(returncode=0, stdout=json.dumps(cell(command, kwargs["env"])) + "\n", stderr="")
 
     monkeypatch.setattr(memory.subprocess, "run", fake_run)
     monkeypatch.setattr(memory, "plot", lambda report, path: None)
+    monkeypatch.setattr(memory.sys, "argv", ["lab", "memory"])
     parser = argparse.ArgumentParser()
     memory.add_arguments(parser)
     output = tmp_path / "memory.json"
-    args = parser.parse_args(["--encodings", "ape,alibi", "--resolutions", "32", "--mmap-threshold", "65536",
-                              "--output", str(output)])
-    monkeypatch.setattr(memory.sys, "argv", ["lab", "memory"])
-    assert memory.run(args) == 0 and seen == ["65536", "65536"]
+
+    def run(argv: list[str]) -> dict:
+        assert memory.run(parser.parse_args([*argv, "--output", str(output)])) == 0
+        return json.loads(output.read_text())
+
+    return parser, run
+
+
+def test_the_memory_probe_can_fix_glibcs_mmap_threshold_and_says_so(tmp_path, monkeypatch):
+    """`python -m lab memory --mmap-threshold N` hands each CPU cell MALLOC_MMAP_THRESHOLD_=N and its table names it;
+    a threshold for a GPU, or a negative one, is refused by name."""
+    from lab.commands import memory
+    from lab.commands.report import memory_block
+
+    seen = []
+    row = dict(peak_mb=1.0, tensors_mb=1.0, time_s=0.1, first_s=0.1)
+    parser, run = fake_memory_run(monkeypatch, tmp_path,
+                                  lambda command, env: seen.append(env.get("MALLOC_MMAP_THRESHOLD_")) or row)
+    run(["--encodings", "ape,alibi", "--resolutions", "32", "--mmap-threshold", "65536"])
+    assert seen == ["65536", "65536"]
     assert "mmap threshold fixed at 65536 bytes" in memory_block(tmp_path, "memory.json")
     for bad in (["--mmap-threshold", "-1"], ["--mmap-threshold", "0", "--device", "cuda"]):
         with pytest.raises(ValueError, match="--mmap-threshold"):
@@ -296,32 +311,19 @@ def test_the_memory_probe_interleaves_rounds_and_keeps_medians(tmp_path, monkeyp
     """`python -m lab memory --rounds N` measures every cell N times, a round of every encoding at a time (the
     baseline first), and keeps each number's median over the rounds with the rounds' own; its table says so. Fewer
     than one round is refused by name."""
-    import argparse
-    import json
-
     from lab.commands import memory
     from lab.commands.report import memory_block
 
-    order, real_run = [], memory.subprocess.run
+    order = []
     times = iter([1.0, 2.0, 5.0, 1.5, 1.2, 3.0])  # ape, alibi, ape, alibi, ape, alibi
 
-    def fake_run(command, **kwargs):
-        if "env" not in kwargs:  # git, for the provenance
-            return real_run(command, **kwargs)
+    def cell(command: list[str], env: dict[str, str]) -> dict[str, float]:
         order.append("alibi" if "'alibi'" in command[-1] else "ape")
-        row = dict(peak_mb=10.0 * len(order), tensors_mb=1.0, time_s=next(times), first_s=0.1)
-        return argparse.Namespace(returncode=0, stdout=json.dumps(row) + "\n", stderr="")
+        return dict(peak_mb=10.0 * len(order), tensors_mb=1.0, time_s=next(times), first_s=0.1)
 
-    monkeypatch.setattr(memory.subprocess, "run", fake_run)
-    monkeypatch.setattr(memory, "plot", lambda report, path: None)
-    parser = argparse.ArgumentParser()
-    memory.add_arguments(parser)
-    output = tmp_path / "memory.json"
-    args = parser.parse_args(["--encodings", "alibi,ape", "--resolutions", "32", "--rounds", "3",
-                              "--output", str(output)])
-    monkeypatch.setattr(memory.sys, "argv", ["lab", "memory"])
-    assert memory.run(args) == 0 and order == ["ape", "alibi"] * 3
-    rows = json.loads(output.read_text())["rows"]
+    parser, run = fake_memory_run(monkeypatch, tmp_path, cell)
+    rows = run(["--encodings", "alibi,ape", "--resolutions", "32", "--rounds", "3"])["rows"]
+    assert order == ["ape", "alibi"] * 3
     assert rows["ape"]["32"]["time_s"] == 1.2 and rows["alibi"]["32"]["time_s"] == 2.0
     assert rows["alibi"]["32"]["round_time_s"] == [2.0, 1.5, 3.0] and rows["alibi"]["32"]["peak_mb"] == 40.0
     assert "3 interleaved rounds" in memory_block(tmp_path, "memory.json")
