@@ -88,6 +88,12 @@ def squaring_counts(log_rot: torch.Tensor) -> torch.Tensor:
     return squarings.nan_to_num(0.0, posinf=0.0).long()
 
 
+def squaring_order(log_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, b, b) -> each matrix's :func:`squaring_counts` in descending order, and the order (stable): the order
+    :func:`sorted_chunks` takes them in, in the forward and again in backward."""
+    return squaring_counts(log_rot).sort(descending=True, stable=True)
+
+
 def squared_prefixes(squarings: torch.Tensor) -> list[int]:
     """``squarings`` (n,) in descending order -> how many matrices each squaring step takes: step j squares the
     first count_j, those with more than j squarings."""
@@ -165,7 +171,7 @@ def squared_powers(exp: torch.Tensor, counts: list[int]) -> Iterator[torch.Tenso
 def exponentials(log_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(n, b, b) generator sums -> their exponentials, the order they went in (most squarings first) and each one's
     squarings in that order; no autograd."""
-    squarings, order = squaring_counts(log_rot).sort(descending=True, stable=True)
+    squarings, order = squaring_order(log_rot)
     out = torch.empty_like(log_rot)
     for index, x, counts, _ in sorted_chunks(log_rot, order, squarings):
         for power, done in zip(squared_powers(TaylorTerms.of(x).exp, counts), [*counts, 0]):
@@ -249,7 +255,7 @@ class GeneratorRotation(torch.autograd.Function):
         qk, pos, skew = ctx.saved_tensors
         b = skew.shape[-1]
         log_rot = generator_sums(pos, skew)
-        squarings, order = squaring_counts(log_rot).sort(descending=True, stable=True)
+        squarings, order = squaring_order(log_rot)
         vectors, grad_vectors = as_columns(qk, b), as_columns(grad, b)  # (n, b, 2B)
         grad_rot = torch.bmm(grad_vectors, vectors.mT)  # rotated = R v: R gets g v^T, v gets R^T g
         grad_qk = torch.empty_like(vectors)
