@@ -495,7 +495,9 @@ def test_liere_blocks_of_per_sample_tokens_rotate_each_distinct_coordinate_once_
     monkeypatch.setattr(liere, "INFERENCE_BLOCK_BYTES", 200_000)
     calls = []
     rotation_exp = liere.rotation_exp
-    monkeypatch.setattr(liere, "rotation_exp", lambda m: calls.append(m.shape[0]) or rotation_exp(m))
+    monkeypatch.setattr(liere, "rotation_exp",  # the call's matrices: heads * positions * blocks
+                        lambda pos, skew: calls.append(skew.shape[0] * pos.shape[0] * skew.shape[1])
+                        or rotation_exp(pos, skew))
     with torch.no_grad():
         out = model(batch)
     assert (calls == [enc.ctx.num_heads * enc.num_blocks * distinct] * len(model.blocks)) == table
@@ -508,8 +510,8 @@ def test_liere_blocks_of_per_sample_tokens_rotate_each_distinct_coordinate_once_
 @pytest.mark.parametrize("block", [8, 64])
 def test_liere_generator_rotation_is_autograd_through_its_exponentials(block, monkeypatch):
     """LieRE's large grids in CPU training rotate queries and keys through ``GeneratorRotation``, whose backward makes
-    each chunk's exponentials once and takes both gradients from them. Against autograd through ``rotation_exp`` and
-    an einsum (the checkpointed path's operations), in float64 on norms up to a 448 px grid's, several chunks mixing
+    each chunk's exponentials once and takes both gradients from them. Against autograd through torch's
+    ``matrix_exp`` and an einsum, in float64 on norms up to a 448 px grid's, several chunks mixing
     squaring counts: outputs, the queries' and keys' gradient and the generators'. The control: the positions of
     the tokens reversed give other gradients (each token takes its own rotation)."""
     torch.manual_seed(0)
@@ -523,13 +525,14 @@ def test_liere_generator_rotation_is_autograd_through_its_exponentials(block, mo
 
     def autograd_path(positions: torch.Tensor) -> torch.Tensor:
         log_rot = torch.einsum("np,hgpij->hngij", positions, skew)
-        rot = liere.rotation_exp(log_rot.flatten(0, 2)).view(log_rot.shape)
+        rot = torch.linalg.matrix_exp(log_rot.contiguous())
         blocks_of = qk.unflatten(-1, (blocks, block))
         return torch.einsum("htgij,sbhtgj->sbhtgi", rot, blocks_of).flatten(-2)
 
     theirs = autograd_path(pos)
-    ours = liere.GeneratorRotation.apply(qk, pos, skew)
-    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+    gains, words = liere.normalised_words(skew)
+    ours = liere.GeneratorRotation.apply(qk, pos, words, gains)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-11)
     grads_ours = torch.autograd.grad((ours * weights).sum(), (qk, skew))
     grads_theirs = torch.autograd.grad((theirs * weights).sum(), (qk, skew))
     for a, b in zip(grads_ours, grads_theirs):

@@ -292,13 +292,14 @@ def test_forward_intermediates_takes_per_token_inputs(images):
 @pytest.mark.parametrize("encoding", ["liere", "liere8"])
 def test_liere_rotates_each_distinct_coordinate_once_and_every_token_by_its_own(encoding):
     """A batch of grids repeats its coordinates: LieRE computes one rotation per distinct coordinate and gathers,
-    exactly the rotations each sample's tokens get alone (float64), in every layer and for one layer."""
+    the rotations each sample's tokens get alone (float64, to rounding: a head's Taylor polynomials are one matrix
+    product over its tokens), in every layer and for one layer."""
     torch.manual_seed(0)
     model = timm.create_model(f"vit_t4_{encoding}", embed_dim=32, depth=2, num_heads=2, num_classes=5).double()
     enc = model.pos_encoding
     coords = torch.tensor([[[0, 0], [0, 1], [1, 0], [2, 3]], [[2, 3], [0, 0], [1, 1], [0, 0]]], dtype=torch.float64)
     batched = enc.rotations(coords)  # (L, B, H, T, G, b, b)
     alone = torch.stack([enc.rotations(sample) for sample in coords], dim=1)
-    assert torch.equal(batched, alone)
-    assert torch.equal(enc.rotations(coords, layer=1), alone[1])
+    torch.testing.assert_close(batched, alone, rtol=0, atol=1e-14)
+    torch.testing.assert_close(enc.rotations(coords, layer=1), alone[1], rtol=0, atol=1e-14)
     assert not torch.equal(batched[:, 0, :, 0], batched[:, 0, :, 1])  # the control: coordinates do matter

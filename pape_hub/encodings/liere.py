@@ -23,6 +23,7 @@ of rotations is over ``STATE_BYTES``, a block of tokens at a time, made again in
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -72,26 +73,21 @@ def skew_symmetric(raw: torch.Tensor) -> torch.Tensor:
 #: degree 12: its truncation error is at most theta^13 / 13! / (1 - theta / 14), under the unit roundoff (2^-24 in
 #: float32: theta 1.5 gives 5.4e-8; 2^-53 in float64: theta 0.33 gives 9.2e-17)
 TAYLOR_THETA = {torch.float32: 1.5, torch.float64: 0.33}
-#: generator sums :func:`rotation_exp` takes at a time: a chunk's buffers stay in a core's cache, and they are small
-#: enough for the C allocator to reuse between layers (dense LieRE at ViT-S/16, 448 px, one layer: forward 1.05 s in
-#: one piece, 0.31 s in 1 MB chunks)
+#: the Taylor polynomial's degree
+TAYLOR_DEGREE = 12
+#: matrices :func:`rotation_exp` squares at a time: a chunk's buffers stay in a core's cache, and they are small enough
+#: for the C allocator to reuse between layers (dense LieRE at ViT-S/16, 448 px, one layer: forward 1.05 s in one
+#: piece, 0.31 s in 1 MB chunks)
 EXP_CHUNK_BYTES = 1 << 20
 #: 1 / k! for the Taylor polynomial
-_INVERSE_FACTORIALS = [1 / math.factorial(k) for k in range(13)]
+_INVERSE_FACTORIALS = [1 / math.factorial(k) for k in range(TAYLOR_DEGREE + 1)]
 
 
-def squaring_counts(log_rot: torch.Tensor) -> torch.Tensor:
-    """(n, b, b) -> (n,) int64: the fewest halvings s that bring each matrix's 1-norm (largest column sum) under
-    :data:`TAYLOR_THETA`; 0 for a zero matrix, and for a non-finite one (its exponential is not finite either way)."""
-    norms = log_rot.detach().abs().sum(-2).amax(-1)
-    squarings = torch.log2(norms / TAYLOR_THETA[log_rot.dtype]).ceil().clamp(min=0)
+def squaring_counts(bounds: torch.Tensor) -> torch.Tensor:
+    """Bounds on generator sums' 1-norms (any shape) -> the fewest halvings s (int64) that bring each under
+    :data:`TAYLOR_THETA`; 0 for a zero bound, and for a non-finite one (its exponential is not finite either way)."""
+    squarings = torch.log2(bounds / TAYLOR_THETA[bounds.dtype]).ceil().clamp(min=0)
     return squarings.nan_to_num(0.0, posinf=0.0).long()
-
-
-def squaring_order(log_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(n, b, b) -> each matrix's :func:`squaring_counts` in descending order, and the order (stable): the order
-    :func:`sorted_chunks` takes them in, in the forward and again in backward."""
-    return squaring_counts(log_rot).sort(descending=True, stable=True)
 
 
 def squared_prefixes(squarings: torch.Tensor) -> list[int]:
@@ -101,62 +97,116 @@ def squared_prefixes(squarings: torch.Tensor) -> list[int]:
     return [sum(per_count[step + 1 :]) for step in range(len(per_count) - 1)]
 
 
-def cubic(k: int, x: torch.Tensor, x2: torch.Tensor, x3: torch.Tensor) -> torch.Tensor:
-    """c_k I + c_k+1 x + c_k+2 x^2 + c_k+3 x^3 (c = 1 / k!), in a fresh tensor."""
-    c = _INVERSE_FACTORIALS
-    out = torch.mul(x3, c[k + 3]).add_(x2, alpha=c[k + 2]).add_(x, alpha=c[k + 1])
-    out.diagonal(dim1=-2, dim2=-1).add_(c[k])
+@functools.lru_cache
+def word_tree(ndim: int) -> tuple[torch.Tensor, tuple[tuple[int, tuple[torch.Tensor, ...]], ...]]:
+    """The monomials z^alpha in ``ndim`` variables up to :data:`TAYLOR_DEGREE`, by degree: their exponents (M, ndim)
+    (M = 91 for two variables, 455 for three), and for each degree k >= 1 its number of monomials and, for each
+    variable d, where beta + e_d falls among them for each beta of degree k - 1 (in order)."""
+    degrees: list[list[tuple[int, ...]]] = [[(0,) * ndim]]
+    children = []
+    for _ in range(TAYLOR_DEGREE):
+        place: dict[tuple[int, ...], int] = {}
+        row = []
+        for d in range(ndim):
+            lifted = (tuple(a + (i == d) for i, a in enumerate(beta)) for beta in degrees[-1])
+            row.append(torch.tensor([place.setdefault(alpha, len(place)) for alpha in lifted]))
+        degrees.append(list(place))  # in the order first reached
+        children.append((len(place), tuple(row)))
+    return torch.tensor([alpha for degree in degrees for alpha in degree]), tuple(children)
+
+
+def taylor_words(generators: torch.Tensor) -> torch.Tensor:
+    """(B, p, b, b) generators A_d -> (B, M, b, b) words S_alpha (:func:`word_tree`'s order): the sum of every product
+    with alpha_d factors A_d, so that (sum_d z_d A_d)^k = sum_{|alpha| = k} z^alpha S_alpha. Built by degree, from the
+    products that start with A_d: S_alpha = sum_d A_d S_(alpha - e_d). Autograd takes the generators' gradient."""
+    batch, ndim, b, _ = generators.shape
+    level = torch.eye(b, dtype=generators.dtype, device=generators.device).expand(batch, 1, b, b)
+    levels = [level]
+    for size, row in word_tree(ndim)[1]:
+        words = generators.new_zeros(batch, size, b, b)
+        for d, child in enumerate(row):  # (B, 1, b, b) @ (B, size_k-1, b, b): A_d times every word of degree k - 1
+            words = words.index_add(1, child.to(generators.device), generators[:, d, None] @ level)
+        levels.append(words)
+        level = words
+    return torch.cat(levels, dim=1)
+
+
+def taylor_coefficients(z: torch.Tensor) -> torch.Tensor:
+    """(n, p) -> (M, n): z^alpha / |alpha|! for every monomial of :func:`word_tree`, each row a monomial (the layout
+    a row gather of the powers makes fast)."""
+    exponents = word_tree(z.shape[-1])[0].to(z.device)
+    powers = torch.cat([torch.ones_like(z[..., None]), z[..., None].expand(*z.shape, TAYLOR_DEGREE)], -1).cumprod(-1)
+    powers = powers.permute(1, 2, 0).contiguous()  # (p, degree + 1, n)
+    inverse = torch.tensor(_INVERSE_FACTORIALS, dtype=z.dtype, device=z.device)[exponents.sum(-1)]
+    out = powers[0].index_select(0, exponents[:, 0]) * inverse[:, None]
+    for d in range(1, z.shape[-1]):
+        out *= powers[d].index_select(0, exponents[:, d])
     return out
 
 
-class TaylorTerms(NamedTuple):
-    """The degree-12 Taylor polynomial of scaled generators x (n, b, b) by Paterson-Stockmeyer in x^4, five matrix
-    products: high = C_8 + x^4 / 12!, inner = C_4 + x^4 high, exp = C_0 + x^4 inner, C_k the :func:`cubic` terms.
-    Each term is kept: the backward differentiates through them."""
+def normalised_words(skew: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K, G, p, b, b) skew generators -> each one's 1-norm a_d (K, G, p), a constant (1 for a zero one), and the
+    :func:`taylor_words` of A_d / a_d (K, G, M, b, b), with autograd. Normalised, a word is at most the number of
+    products it sums, whatever the generators' scale (unnormalised, dense LieRE's degree-12 words reach 1e31 in
+    float32); the positions take the norms instead (:class:`TaylorPolynomials`)."""
+    gains = skew.detach().abs().sum(-2).amax(-1)
+    gains = gains.where(gains > 0, torch.ones_like(gains))
+    normalised = (skew / gains[..., None, None]).flatten(0, 1)
+    if normalised.requires_grad:  # remade in backward: autograd would keep each degree's words and products, three
+        # times the words (dense LieRE at ViT-S/16: 27 MB a layer, held for every layer until backward)
+        return gains, checkpoint(taylor_words, normalised, use_reentrant=False).unflatten(0, skew.shape[:2])
+    return gains, taylor_words(normalised).unflatten(0, skew.shape[:2])
 
-    x: torch.Tensor
-    x2: torch.Tensor
-    x3: torch.Tensor
-    x4: torch.Tensor
-    high: torch.Tensor
-    inner: torch.Tensor
-    exp: torch.Tensor
+
+class TaylorPolynomials(NamedTuple):
+    """The degree-12 Taylor polynomial of exp(x / 2^s) for every generator sum x = sum_d p_d A_d: sum_alpha c_alpha
+    S_alpha, with the :func:`normalised_words` S_alpha of its head and block and c_alpha = z^alpha / |alpha|! for
+    z_d = p_d a_d 2^-s. The words are shared by every token, so the polynomials of a head and block are one matrix
+    product (tokens, M) @ (M, b^2), where Paterson-Stockmeyer took five b x b products per token and its backward more
+    (LieRE-8 at ViT-S/16 448 px, one layer on CPU: the exponentials' forward 47 ms to 34 ms). Each sum is scaled by
+    the power of two that brings sum_d |z_d|, a bound on its 1-norm, under :data:`TAYLOR_THETA`: that bounds the
+    truncation as the 1-norm would, and the terms too, which cancel where positions or generators do (a 1-norm-based
+    scale gave float64 errors of 4e-9 on 2x2 blocks with a shift of 6.5). It takes no b x b work per token, and about
+    as few squarings (at ViT-S/16 448 px, 5.60 against 5.52 for LieRE-8's blocks, 8.63 against 8.58 for dense ones)."""
+
+    coefficients: torch.Tensor  #: (M, K, N, G)
+    polynomials: torch.Tensor  #: (K * N * G, b, b)
+    squarings: torch.Tensor  #: (K * N * G,)
 
     @classmethod
-    def of(cls, x: torch.Tensor) -> TaylorTerms:
-        x2 = torch.bmm(x, x)
-        x3, x4 = torch.bmm(x2, x), torch.bmm(x2, x2)
-        high = cubic(8, x, x2, x3).add_(x4, alpha=_INVERSE_FACTORIALS[12])
-        inner = cubic(4, x, x2, x3).baddbmm_(x4, high)
-        return cls(x, x2, x3, x4, high, inner, cubic(0, x, x2, x3).baddbmm_(x4, inner))
+    def of(cls, pos: torch.Tensor, words: torch.Tensor, gains: torch.Tensor) -> TaylorPolynomials:
+        """``pos`` (N, p) and :func:`normalised_words`' ``gains`` (K, G, p) and ``words`` (K, G, M, b, b)."""
+        heads, blocks, ndim = gains.shape
+        z = pos.abs()[:, None] * gains[:, None]  # (K, N, G, p): |p_d| a_d, a bound on each term's 1-norm
+        squarings = squaring_counts(z.sum(-1))
+        z = pos[:, None] * gains[:, None] * torch.exp2(-squarings.to(pos.dtype))[..., None]
+        coefficients = taylor_coefficients(z.reshape(-1, ndim)).view(-1, heads, pos.shape[0], blocks)
+        polynomials = torch.einsum("mkng,kgmx->kngx", coefficients, words.detach().flatten(-2))
+        b = words.shape[-1]
+        return cls(coefficients, polynomials.reshape(-1, b, b), squarings.flatten())  # (K, N, G): a copy if G > 1
 
-    def backward(self, grad: torch.Tensor) -> torch.Tensor:
-        """The gradient for x from the gradient for ``exp``: each product A B gives grad B^T to A and A^T grad to B."""
-        x, x2, x3, x4, high, inner, _ = self
-        c = _INVERSE_FACTORIALS
-        grad_inner = torch.bmm(x4.mT, grad)  # exp = C_0 + x4 inner
-        grad_x4 = torch.bmm(grad, inner.mT)
-        grad_high = torch.bmm(x4.mT, grad_inner)  # inner = C_4 + x4 high
-        grad_x4.baddbmm_(grad_inner, high.mT).add_(grad_high, alpha=c[12])  # high = C_8 + x4 / 12!
-        # C_k = c_k I + c_k+1 x + c_k+2 x2 + c_k+3 x3, with gradients grad (k = 0), grad_inner (4) and grad_high (8)
-        grad_x, grad_x2, grad_x3 = (
-            torch.mul(grad, c[1 + power]).add_(grad_inner, alpha=c[5 + power]).add_(grad_high, alpha=c[9 + power])
-            for power in range(3))
-        grad_x2.baddbmm_(grad_x4, x2.mT).baddbmm_(x2.mT, grad_x4)  # x4 = x2 x2
-        grad_x2.baddbmm_(grad_x3, x.mT)  # x3 = x2 x
-        grad_x.baddbmm_(x2.mT, grad_x3)
-        return grad_x.baddbmm_(grad_x2, x.mT).baddbmm_(x.mT, grad_x2)  # x2 = x x
+    def order(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each matrix's squarings in descending order, and the order (stable): the order :func:`sorted_chunks` takes
+        them in, in the forward and again in backward."""
+        return self.squarings.sort(descending=True, stable=True)
+
+    def words_grad(self, grad: torch.Tensor) -> torch.Tensor:
+        """The words' gradient (K, G, M, b, b) from the polynomials' (K * N * G, b, b): one product per head and
+        block."""
+        _, heads, tokens, blocks = self.coefficients.shape
+        b = grad.shape[-1]
+        flat = grad.view(heads, tokens, blocks, b * b)
+        return torch.einsum("mkng,kngx->kgmx", self.coefficients, flat).unflatten(-1, (b, b))
 
 
-def sorted_chunks(log_rot: torch.Tensor, order: torch.Tensor, squarings: torch.Tensor
-                  ) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[int], torch.Tensor]]:
-    """:data:`EXP_CHUNK_BYTES` of matrices at a time in ``order`` (most squarings first): each chunk's indices into
-    ``log_rot``, its matrices scaled by 2^-s (exact), :func:`squared_prefixes` and the scales."""
-    step = max(1, EXP_CHUNK_BYTES // max(1, log_rot[:1].numel() * log_rot.element_size()))
-    for start in range(0, log_rot.shape[0], step):
-        index, counts = order[start : start + step], squarings[start : start + step]
-        scales = torch.exp2(-counts.to(log_rot.dtype))[:, None, None]
-        yield index, log_rot.index_select(0, index) * scales, squared_prefixes(counts), scales
+def sorted_chunks(polynomials: torch.Tensor, order: torch.Tensor, squarings: torch.Tensor
+                  ) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[int]]]:
+    """:data:`EXP_CHUNK_BYTES` of matrices at a time in ``order`` (most squarings first): each chunk's indices, its
+    Taylor polynomials (a copy) and :func:`squared_prefixes`."""
+    step = max(1, EXP_CHUNK_BYTES // max(1, polynomials[:1].numel() * polynomials.element_size()))
+    for start in range(0, polynomials.shape[0], step):
+        index = order[start : start + step]
+        yield index, polynomials.index_select(0, index), squared_prefixes(squarings[start : start + step])
 
 
 def squared_powers(exp: torch.Tensor, counts: list[int]) -> Iterator[torch.Tensor]:
@@ -168,34 +218,15 @@ def squared_powers(exp: torch.Tensor, counts: list[int]) -> Iterator[torch.Tenso
         yield exp
 
 
-def exponentials(log_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(n, b, b) generator sums -> their exponentials, the order they went in (most squarings first) and each one's
-    squarings in that order; no autograd."""
-    squarings, order = squaring_order(log_rot)
-    out = torch.empty_like(log_rot)
-    for index, x, counts, _ in sorted_chunks(log_rot, order, squarings):
-        for power, done in zip(squared_powers(TaylorTerms.of(x).exp, counts), [*counts, 0]):
+def exponentials(taylor: TaylorPolynomials) -> torch.Tensor:
+    """The exponentials (n, b, b) of :class:`TaylorPolynomials`: each squared as often as it was halved; no
+    autograd."""
+    squarings, order = taylor.order()
+    out = torch.empty_like(taylor.polynomials)
+    for index, polynomials, counts in sorted_chunks(taylor.polynomials, order, squarings):
+        for power, done in zip(squared_powers(polynomials, counts), [*counts, 0]):
             out.index_copy_(0, index[done : power.shape[0]], power[done:])  # squared no more
-    return out, order, squarings
-
-
-class RotationExp(torch.autograd.Function):
-    """:func:`rotation_exp`, its backward by hand: each chunk's Taylor terms and squarings made again (no autograd),
-    then differentiated in reverse, so that no chunk's intermediates outlive it. The matrices go sorted by their
-    number of squarings, so that each squaring step is one matrix product over the first matrices of a chunk, those
-    that still need it. It saves the generator sums, and each one's squarings and place in that order."""
-
-    @staticmethod
-    def forward(ctx: Any, log_rot: torch.Tensor) -> torch.Tensor:
-        out, order, squarings = exponentials(log_rot)
-        ctx.save_for_backward(log_rot, order, squarings)
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        log_rot, order, squarings = ctx.saved_tensors
-        return exp_backward(log_rot, order, squarings, lambda index, powers, counts: grad.index_select(0, index))
+    return out
 
 
 def each_exponential(powers: list[torch.Tensor], counts: list[int]) -> torch.Tensor:
@@ -206,56 +237,81 @@ def each_exponential(powers: list[torch.Tensor], counts: list[int]) -> torch.Ten
     return exp
 
 
-def exp_backward(log_rot: torch.Tensor, order: torch.Tensor, squarings: torch.Tensor,
+def exp_backward(taylor: TaylorPolynomials,
                  chunk_grad: Callable[[torch.Tensor, list[torch.Tensor], list[int]], torch.Tensor]) -> torch.Tensor:
-    """The gradient for the generator sums ``log_rot`` (n, b, b): each chunk's Taylor terms and squarings made again,
-    then differentiated in reverse. ``chunk_grad(index, powers, counts)`` gives the gradient for the chunk's
-    exponentials (len(index), b, b), in its order; it may read their :func:`squared_powers`."""
-    grad_in = torch.empty_like(log_rot)
-    for index, x, counts, scales in sorted_chunks(log_rot, order, squarings):
-        terms = TaylorTerms.of(x)
-        powers = list(squared_powers(terms.exp, counts))
+    """The gradient for the words (K, G, M, b, b): each chunk's squarings made again from its polynomials, then
+    differentiated in reverse. ``chunk_grad(index, powers, counts)`` gives the gradient for the chunk's exponentials
+    (len(index), b, b), in its order; it may read their :func:`squared_powers`."""
+    squarings, order = taylor.order()
+    grad_in = torch.empty_like(taylor.polynomials)
+    for index, polynomials, counts in sorted_chunks(taylor.polynomials, order, squarings):
+        powers = list(squared_powers(polynomials, counts))
         grad = chunk_grad(index, powers, counts)
         for count, power in zip(reversed(counts), reversed(powers[:-1])):  # E' = E E: E gets g E^T + E^T g
             before = power[:count]
             grad[:count] = torch.bmm(grad[:count], before.mT).baddbmm_(before.mT, grad[:count])
-        grad_in.index_copy_(0, index, terms.backward(grad) * scales)
-    return grad_in
+        grad_in.index_copy_(0, index, grad)
+    return taylor.words_grad(grad_in)
 
 
-def rotation_exp(log_rot: torch.Tensor) -> torch.Tensor:
-    """(n, b, b) float32/float64 generator sums -> their matrix exponentials, by scaling and squaring: each matrix
-    scaled by the power of two 2^-s that brings its 1-norm under :data:`TAYLOR_THETA`, a degree-12 Taylor polynomial,
-    then squared s times; :data:`EXP_CHUNK_BYTES` of matrices at a time. ``torch.linalg.matrix_exp`` does the same with
-    a degree chosen per matrix, but on CPU it sorts its batch by degree with gathers and copies around every call, and
-    its backward takes the exponential of a (2b, 2b) block matrix: one layer of LieRE-8 at ViT-S/16 448 px took 57 ms
-    forward and 454 ms with backward there, dense LieRE 0.93 s and 6.05 s (docs/speed.md gives this function's). Its
-    backward makes each chunk again from the generator sums (:class:`RotationExp`)."""
-    return RotationExp.apply(log_rot)
+class RotationExp(torch.autograd.Function):
+    """:func:`rotation_exp`, its backward by hand: each chunk's squarings made again (no autograd), then differentiated
+    in reverse, so that no chunk's intermediates outlive it; the polynomials' gradient goes to the words in one product
+    per head and block, and autograd takes it to the generators. The matrices go sorted by their number of squarings,
+    so that each squaring step is one matrix product over the first matrices of a chunk, those that still need it. It
+    saves the positions, the generators and their words."""
+
+    @staticmethod
+    def forward(ctx: Any, pos: torch.Tensor, words: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+        out = exponentials(TaylorPolynomials.of(pos, words, gains))
+        ctx.save_for_backward(pos, words, gains)
+        heads, blocks, _, b, _ = words.shape
+        return out.view(heads, pos.shape[0], blocks, b, b)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        taylor = TaylorPolynomials.of(*ctx.saved_tensors)
+        flat = grad.reshape(taylor.polynomials.shape)
+        return None, exp_backward(taylor, lambda index, powers, counts: flat.index_select(0, index)), None
+
+
+def rotation_exp(pos: torch.Tensor, skew: torch.Tensor) -> torch.Tensor:
+    """(N, p) positions, (K, G, p, b, b) skew generators -> R = exp(sum_d p_d A_d), (K, N, G, b, b), float32/float64,
+    by scaling and squaring: each generator sum scaled by the power of two 2^-s that brings its 1-norm under
+    :data:`TAYLOR_THETA`, a degree-12 Taylor polynomial (:class:`TaylorPolynomials`), then squared s times,
+    :data:`EXP_CHUNK_BYTES` of matrices at a time. ``torch.linalg.matrix_exp`` does the same with a degree chosen per
+    matrix, but on CPU it sorts its batch by degree with gathers and copies around every call, and its backward takes
+    the exponential of a (2b, 2b) block matrix: one layer of LieRE-8 at ViT-S/16 448 px took 57 ms forward and 454 ms
+    with backward there, dense LieRE 0.93 s and 6.05 s (docs/speed.md gives this function's). Its backward makes each
+    chunk again (:class:`RotationExp`)."""
+    gains, words = normalised_words(skew)
+    return RotationExp.apply(pos, words, gains)
 
 
 class GeneratorRotation(torch.autograd.Function):
     """Queries and keys rotated by R = exp(sum_d p_d A_d), made from the positions and the skew generators, with no
     rotation kept: for LieRE's large grids in training on CPU. Checkpointing a block of tokens made its exponentials
     three times a step (forward, the checkpoint's remake, :class:`RotationExp`'s backward); here the backward makes
-    each chunk's Taylor terms and squarings once, and takes from them both the exponentials, for the queries' and
-    keys' gradient, and the generators' gradient (two makings and the differentiation, against three and it).
-    qk: (2, B, H, T, G*b) with positions (T, p) shared by the batch; skew: (H, G, p, b, b) -> (2, B, H, T, G*b)."""
+    each chunk's squarings once, and takes from them both the exponentials, for the queries' and keys' gradient, and
+    the words' gradient (two makings and the differentiation, against three and it).
+    qk: (2, B, H, T, G*b) with positions (T, p) shared by the batch, and the skew generators' (H, G, p, b, b)
+    :func:`normalised_words` -> (2, B, H, T, G*b)."""
 
     @staticmethod
-    def forward(ctx: Any, qk: torch.Tensor, pos: torch.Tensor, skew: torch.Tensor) -> torch.Tensor:
-        rot, _, _ = exponentials(generator_sums(pos, skew))
-        ctx.save_for_backward(qk, pos, skew)  # qk as given (a view of the layer's): a copy would be held per layer
-        vectors = as_columns(qk, skew.shape[-1])
+    def forward(ctx: Any, qk: torch.Tensor, pos: torch.Tensor, words: torch.Tensor, gains: torch.Tensor
+                ) -> torch.Tensor:
+        rot = exponentials(TaylorPolynomials.of(pos, words, gains))
+        ctx.save_for_backward(qk, pos, words, gains)  # qk as given (a view of the layer's): no copy per layer
+        vectors = as_columns(qk, words.shape[-1])
         return from_columns(torch.bmm(rot, vectors), qk.shape)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        qk, pos, skew = ctx.saved_tensors
-        b = skew.shape[-1]
-        log_rot = generator_sums(pos, skew)
-        squarings, order = squaring_order(log_rot)
+        qk, *generators = ctx.saved_tensors
+        taylor = TaylorPolynomials.of(*generators)
+        b = generators[1].shape[-1]  # the words
         vectors, grad_vectors = as_columns(qk, b), as_columns(grad, b)  # (n, b, 2B)
         grad_rot = torch.bmm(grad_vectors, vectors.mT)  # rotated = R v: R gets g v^T, v gets R^T g
         grad_qk = torch.empty_like(vectors)
@@ -265,15 +321,8 @@ class GeneratorRotation(torch.autograd.Function):
             grad_qk.index_copy_(0, index, torch.bmm(rot.mT, grad_vectors.index_select(0, index)))
             return grad_rot.index_select(0, index)
 
-        grad_log_rot = exp_backward(log_rot, order, squarings, chunk_grad)
-        heads, blocks = skew.shape[:2]
-        grad_skew = torch.einsum("np,hngij->hgpij", pos, grad_log_rot.view(heads, -1, blocks, b, b))
-        return from_columns(grad_qk, qk.shape), None, grad_skew
-
-
-def generator_sums(pos: torch.Tensor, skew: torch.Tensor) -> torch.Tensor:
-    """(T, p) positions, (H, G, p, b, b) generators -> sum_d p_d A_d, flat (H * T * G, b, b)."""
-    return torch.einsum("np,hgpij->hngij", pos, skew).flatten(0, 2)
+        grad_words = exp_backward(taylor, chunk_grad)
+        return from_columns(grad_qk, qk.shape), None, grad_words, None
 
 
 def as_columns(qk: torch.Tensor, b: int) -> torch.Tensor:
@@ -344,11 +393,13 @@ class LieRE(PositionEncoding):
         pos = coords.to(work) * self.extent_scale.to(work)
         raw = self.generators if layer is None else self.generators[layer : layer + 1]
         skew = skew_symmetric(raw.to(work))  # (L, H, G, p, b, b)
-        log_rot = torch.einsum("...np,lhgpij->l...hngij", pos, skew)
-        b = self.block_size
-        flat = log_rot.reshape(-1, b, b)  # one flat batch (for compile too)
-        exp = torch.linalg.matrix_exp if torch.compiler.is_compiling() or flat.device.type != "cpu" else rotation_exp
-        rot = exp(flat).reshape(log_rot.shape)
+        if torch.compiler.is_compiling() or pos.device.type != "cpu":
+            log_rot = torch.einsum("...np,lhgpij->l...hngij", pos, skew)
+            b = self.block_size
+            rot = torch.linalg.matrix_exp(log_rot.reshape(-1, b, b)).view(log_rot.shape)  # one flat batch
+        else:  # (L * H, B * T, G, b, b) -> (L, ..., H, T, G, b, b)
+            rot = rotation_exp(pos.reshape(-1, pos.shape[-1]), skew.flatten(0, 1)).unflatten(0, skew.shape[:2])
+            rot = rot.unflatten(2, pos.shape[:-1]).movedim(2, 1) if pos.ndim == 3 else rot
         return rot if layer is None else rot[0]
 
     @staticmethod
@@ -439,15 +490,15 @@ class LieRE(PositionEncoding):
                         qk[..., start : start + step, :], rotations(start, min(start + step, tokens)))
             return out
         step = max(1, tokens * BLOCK_BYTES // size)
-        by_hand = self.by_hand(coords)
+        words = self.layer_words(layer, compute_dtype(coords)) if self.by_hand(coords) else None  # once a layer
         blocks = []
         for start in range(0, tokens, step):
             part = qk[..., start : start + step, :]
             block = coords[..., start : start + step, :]
-            if by_hand:  # one grid on CPU: GeneratorRotation makes the exponentials once in backward, checkpointing
-                # twice (dense LieRE at ViT-S/16, 448 px, batch 4, fresh processes alternated: 20.1-20.2 s a step
-                # against 22.6-22.7 s; LieRE-8 forced blockwise there 5.9-6.1 s against 6.2-6.6 s)
-                blocks.append(self.rotate_by_hand(part, block, layer))
+            if words is not None:  # one grid on CPU: GeneratorRotation makes the exponentials once in backward,
+                # checkpointing twice (dense LieRE at ViT-S/16, 448 px, batch 4, fresh processes alternated:
+                # 20.1-20.2 s a step against 22.6-22.7 s; LieRE-8 forced blockwise there 5.9-6.1 s against 6.2-6.6 s)
+                blocks.append(self.rotate_by_hand(part, block, words))
             else:  # per-sample coordinates (their distinct ones, per block), a GPU's matrix_exp, autocast
                 blocks.append(checkpoint(self.rotate_block, part, block, layer, use_reentrant=False))
         return torch.cat(blocks, dim=-2)
@@ -481,15 +532,21 @@ class LieRE(PositionEncoding):
         without autocast (a GPU's and autocast's path is torch's matrix_exp)."""
         return coords.ndim == 2 and coords.device.type == "cpu" and autocast_dtype(coords.device) is None
 
-    def rotate_by_hand(self, qk: torch.Tensor, coords: torch.Tensor, layer: int) -> torch.Tensor:
-        """:meth:`rotate_block` through :class:`GeneratorRotation` (coordinates (T, p) shared by the batch, CPU)."""
-        work = compute_dtype(coords)
-        pos = coords.to(work) * self.extent_scale.to(work)
-        skew = skew_symmetric(self.generators[layer].to(work))  # (H, G, p, b, b)
+    def layer_words(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`normalised_words` of ``layer``'s skew generators, in ``dtype``: what every block of its tokens in
+        :meth:`rotate_by_hand` shares."""
+        return normalised_words(skew_symmetric(self.generators[layer].to(dtype)))  # (H, G, p, b, b)
+
+    def rotate_by_hand(self, qk: torch.Tensor, coords: torch.Tensor, words: tuple[torch.Tensor, torch.Tensor]
+                       ) -> torch.Tensor:
+        """:meth:`rotate_block` through :class:`GeneratorRotation` (coordinates (T, p) shared by the batch, CPU),
+        with the layer's :meth:`layer_words`."""
+        gains, taylor_words = words
+        pos = coords.to(gains.dtype) * self.extent_scale.to(gains.dtype)
         span = self.num_blocks * self.block_size
-        rotated = GeneratorRotation.apply(qk[..., :span].to(work), pos, skew)
+        rotated = GeneratorRotation.apply(qk[..., :span].to(gains.dtype), pos, taylor_words, gains)
         if span < qk.shape[-1]:  # head dims beyond the last full block stay as they are
-            rotated = torch.cat([rotated, qk[..., span:].to(work)], dim=-1)
+            rotated = torch.cat([rotated, qk[..., span:].to(gains.dtype)], dim=-1)
         return rotated.to(qk.dtype)
 
     def no_weight_decay(self) -> set[str]:
