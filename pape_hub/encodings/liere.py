@@ -69,9 +69,10 @@ def skew_symmetric(raw: torch.Tensor) -> torch.Tensor:
     return upper - upper.transpose(-1, -2)
 
 
-#: the largest 1-norm a generator sum may have once scaled by 2^-s for :func:`rotation_exp`'s Taylor polynomial of
+#: the largest bound on a generator sum's 2-norm once scaled by 2^-s for :func:`rotation_exp`'s Taylor polynomial of
 #: degree 12: its truncation error is at most theta^13 / 13! / (1 - theta / 14), under the unit roundoff (2^-24 in
-#: float32: theta 1.5 gives 5.4e-8; 2^-53 in float64: theta 0.33 gives 9.2e-17)
+#: float32: theta 1.5 gives 5.4e-8; 2^-53 in float64: theta 0.33 gives 9.2e-17). The sums are skew-symmetric, so
+#: normal: every power's 2-norm is the sum's to that power, and the terms and remainder are bounded by it
 TAYLOR_THETA = {torch.float32: 1.5, torch.float64: 0.33}
 #: the Taylor polynomial's degree
 TAYLOR_DEGREE = 12
@@ -84,7 +85,7 @@ _INVERSE_FACTORIALS = [1 / math.factorial(k) for k in range(TAYLOR_DEGREE + 1)]
 
 
 def squaring_counts(bounds: torch.Tensor) -> torch.Tensor:
-    """Bounds on generator sums' 1-norms (any shape) -> the fewest halvings s (int64) that bring each under
+    """Bounds on generator sums' 2-norms (any shape) -> the fewest halvings s (int64) that bring each under
     :data:`TAYLOR_THETA`; 0 for a zero bound, and for a non-finite one (its exponential is not finite either way)."""
     squarings = torch.log2(bounds / TAYLOR_THETA[bounds.dtype]).ceil().clamp(min=0)
     return squarings.nan_to_num(0.0, posinf=0.0).long()
@@ -145,11 +146,12 @@ def taylor_coefficients(z: torch.Tensor) -> torch.Tensor:
 
 
 def normalised_words(skew: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(K, G, p, b, b) skew generators -> each one's 1-norm a_d (K, G, p), a constant (1 for a zero one), and the
-    :func:`taylor_words` of A_d / a_d (K, G, M, b, b), with autograd. Normalised, a word is at most the number of
-    products it sums, whatever the generators' scale (unnormalised, dense LieRE's degree-12 words reach 1e31 in
-    float32); the positions take the norms instead (:class:`TaylorPolynomials`)."""
-    gains = skew.detach().abs().sum(-2).amax(-1)
+    """(K, G, p, b, b) skew generators -> each one's 2-norm a_d (K, G, p), a constant (1 for a zero one), and the
+    :func:`taylor_words` of A_d / a_d (K, G, M, b, b), with autograd. Normalised, a word's 2-norm is at most the
+    number of products it sums, whatever the generators' scale (unnormalised, dense LieRE's degree-12 words reach
+    1e31 in float32); the positions take the norms instead (:class:`TaylorPolynomials`). The 2-norm (an SVD of each
+    generator, once a layer) is 0.56-0.61 of the 1-norm at the reference's init: about 0.7 squarings fewer a matrix."""
+    gains = torch.linalg.matrix_norm(skew.detach().nan_to_num(0.0, 0.0, 0.0), ord=2)  # non-finite: words carry it
     gains = gains.where(gains > 0, torch.ones_like(gains))
     normalised = (skew / gains[..., None, None]).flatten(0, 1)
     if normalised.requires_grad:  # remade in backward: autograd would keep each degree's words and products, three
@@ -163,11 +165,10 @@ class TaylorPolynomials(NamedTuple):
     S_alpha, with the :func:`normalised_words` S_alpha of its head and block and c_alpha = z^alpha / |alpha|! for
     z_d = p_d a_d 2^-s. The words are shared by every token, so the polynomials of a head and block are one matrix
     product (tokens, M) @ (M, b^2), where Paterson-Stockmeyer took five b x b products per token and its backward more
-    (LieRE-8 at ViT-S/16 448 px, one layer on CPU: the exponentials' forward 47 ms to 34 ms). Each sum is scaled by
-    the power of two that brings sum_d |z_d|, a bound on its 1-norm, under :data:`TAYLOR_THETA`: that bounds the
-    truncation as the 1-norm would, and the terms too, which cancel where positions or generators do (a 1-norm-based
-    scale gave float64 errors of 4e-9 on 2x2 blocks with a shift of 6.5). It takes no b x b work per token, and about
-    as few squarings (at ViT-S/16 448 px, 5.60 against 5.52 for LieRE-8's blocks, 8.63 against 8.58 for dense ones)."""
+    (docs/speed.md). Each sum is scaled by the power of two that brings sum_d |z_d|, a bound on its 2-norm, under
+    :data:`TAYLOR_THETA`: that bounds the terms as well as the truncation (scaled by the sum's own norm, terms that
+    cancel where positions or generators do lost 2x2 blocks' translation invariance to 4e-9 in float64), and it takes
+    no b x b work per token."""
 
     coefficients: torch.Tensor  #: (M, K, N, G)
     polynomials: torch.Tensor  #: (K * N * G, b, b)
@@ -177,7 +178,7 @@ class TaylorPolynomials(NamedTuple):
     def of(cls, pos: torch.Tensor, words: torch.Tensor, gains: torch.Tensor) -> TaylorPolynomials:
         """``pos`` (N, p) and :func:`normalised_words`' ``gains`` (K, G, p) and ``words`` (K, G, M, b, b)."""
         heads, blocks, ndim = gains.shape
-        z = pos.abs()[:, None] * gains[:, None]  # (K, N, G, p): |p_d| a_d, a bound on each term's 1-norm
+        z = pos.abs()[:, None] * gains[:, None]  # (K, N, G, p): |p_d| a_d, a bound on each term's 2-norm
         squarings = squaring_counts(z.sum(-1))
         z = pos[:, None] * gains[:, None] * torch.exp2(-squarings.to(pos.dtype))[..., None]
         coefficients = taylor_coefficients(z.reshape(-1, ndim)).view(-1, heads, pos.shape[0], blocks)
