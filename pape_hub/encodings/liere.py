@@ -277,7 +277,8 @@ class RotationExp(torch.autograd.Function):
         return None, exp_backward(taylor, lambda index, powers, counts: flat.index_select(0, index)), None
 
 
-def rotation_exp(pos: torch.Tensor, skew: torch.Tensor) -> torch.Tensor:
+def rotation_exp(pos: torch.Tensor, skew: torch.Tensor, words: tuple[torch.Tensor, torch.Tensor] | None = None
+                 ) -> torch.Tensor:
     """(N, p) positions, (K, G, p, b, b) skew generators -> R = exp(sum_d p_d A_d), (K, N, G, b, b), float32/float64,
     by scaling and squaring: each generator sum scaled by the power of two 2^-s that brings its 1-norm under
     :data:`TAYLOR_THETA`, a degree-12 Taylor polynomial (:class:`TaylorPolynomials`), then squared s times,
@@ -285,9 +286,10 @@ def rotation_exp(pos: torch.Tensor, skew: torch.Tensor) -> torch.Tensor:
     matrix, but on CPU it sorts its batch by degree with gathers and copies around every call, and its backward takes
     the exponential of a (2b, 2b) block matrix: one layer of LieRE-8 at ViT-S/16 448 px took 57 ms forward and 454 ms
     with backward there, dense LieRE 0.93 s and 6.05 s (docs/speed.md gives this function's). Its backward makes each
-    chunk again (:class:`RotationExp`)."""
-    gains, words = normalised_words(skew)
-    return RotationExp.apply(pos, words, gains)
+    chunk again (:class:`RotationExp`). ``words``: the generators' :func:`normalised_words`, where several calls share
+    them (a layer's blocks of tokens)."""
+    gains, taylor_words = normalised_words(skew) if words is None else words
+    return RotationExp.apply(pos, taylor_words, gains)
 
 
 class GeneratorRotation(torch.autograd.Function):
@@ -381,15 +383,17 @@ class LieRE(PositionEncoding):
         grid = torch.tensor(list(reversed(self.ctx.grid_size)), dtype=torch.float32)  # coordinate axis order
         self.extent_scale.copy_(1.0 / (grid - 1).clamp(min=1))
 
-    def rotations(self, coords: torch.Tensor, layer: int | None = None) -> torch.Tensor:
+    def rotations(self, coords: torch.Tensor, layer: int | None = None,
+                  words: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """(..., T, p) token coordinates ((T, p), or (B, T, p) per sample) -> (depth, ..., heads, T, blocks, b, b)
         rotations, or (..., heads, T, blocks, b, b) for one ``layer``; float32 (float64 for float64 coordinates). A
         token at the origin gets the identity. Per-sample coordinates repeat (a batch of grids shares its cells): each
-        distinct coordinate gets one ``matrix_exp``, then every token takes its coordinate's rotation."""
+        distinct coordinate gets one ``matrix_exp``, then every token takes its coordinate's rotation. ``words``: the
+        layer's :meth:`layer_words` on CPU, where a caller rotates its tokens a block at a time."""
         if coords.ndim == 3 and not torch.compiler.is_compiling():  # (B, T, p); unique has a data-dependent size
             distinct, index = distinct_coordinates(coords)
             if distinct.shape[0] < index.numel():
-                return take_rotations(self.rotations(distinct, layer), index)  # (..., B, H, T, G, b, b)
+                return take_rotations(self.rotations(distinct, layer, words), index)  # (..., B, H, T, G, b, b)
         work = compute_dtype(coords)
         pos = coords.to(work) * self.extent_scale.to(work)
         raw = self.generators if layer is None else self.generators[layer : layer + 1]
@@ -399,7 +403,7 @@ class LieRE(PositionEncoding):
             b = self.block_size
             rot = torch.linalg.matrix_exp(log_rot.reshape(-1, b, b)).view(log_rot.shape)  # one flat batch
         else:  # (L * H, B * T, G, b, b) -> (L, ..., H, T, G, b, b)
-            rot = rotation_exp(pos.reshape(-1, pos.shape[-1]), skew.flatten(0, 1)).unflatten(0, skew.shape[:2])
+            rot = rotation_exp(pos.reshape(-1, pos.shape[-1]), skew.flatten(0, 1), words).unflatten(0, skew.shape[:2])
             rot = rot.unflatten(2, pos.shape[:-1]).movedim(2, 1) if pos.ndim == 3 else rot
         return rot if layer is None else rot[0]
 
@@ -519,8 +523,11 @@ class LieRE(PositionEncoding):
             if table_bytes <= STATE_BYTES:  # the bound of a layer's rotations made at once
                 table = self.rotations(distinct, layer)  # (H, distinct, G, b, b)
                 return (lambda start, stop: take_rotations(table, index[:, start:stop])), BLOCK_BYTES
-        block_bytes = INFERENCE_BLOCK_BYTES if coords.device.type == "cpu" else BLOCK_BYTES  # a GPU's launches count
-        return (lambda start, stop: self.rotations(coords[..., start:stop, :], layer)), block_bytes
+        if coords.device.type != "cpu" or torch.compiler.is_compiling():  # torch's matrix_exp; a GPU's launches count
+            return (lambda start, stop: self.rotations(coords[..., start:stop, :], layer)), BLOCK_BYTES
+        words = self.layer_words(layer, compute_dtype(coords))  # once a layer, not a block (a 1 MB block of dense
+        # LieRE at ViT-B/16 is 5 tokens: making the words for each took 448 px inference from 7.1 s to 46.6 s)
+        return (lambda start, stop: self.rotations(coords[..., start:stop, :], layer, words)), INFERENCE_BLOCK_BYTES
 
     def rotate_block(self, qk: torch.Tensor, coords: torch.Tensor, layer: int) -> torch.Tensor:
         """Queries and keys of a block of tokens rotated by that block's rotations of ``layer``."""
@@ -534,8 +541,8 @@ class LieRE(PositionEncoding):
         return coords.ndim == 2 and coords.device.type == "cpu" and autocast_dtype(coords.device) is None
 
     def layer_words(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`normalised_words` of ``layer``'s skew generators, in ``dtype``: what every block of its tokens in
-        :meth:`rotate_by_hand` shares."""
+        """:func:`normalised_words` of ``layer``'s skew generators, in ``dtype``: what every block of its tokens
+        shares on CPU (:meth:`rotate_by_hand` in training, :meth:`block_rotations` without gradients)."""
         return normalised_words(skew_symmetric(self.generators[layer].to(dtype)))  # (H, G, p, b, b)
 
     def rotate_by_hand(self, qk: torch.Tensor, coords: torch.Tensor, words: tuple[torch.Tensor, torch.Tensor]
