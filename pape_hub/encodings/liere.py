@@ -56,11 +56,14 @@ CACHE_BYTES = 256 << 20
 #: CPU) or checkpointed (matrix_exp's temporaries are several times as large)
 BLOCK_BYTES = 4 << 20
 #: the same without gradients on CPU, each block's rotated queries and keys written straight into the layer's output
-#: (on a GPU too, in blocks of BLOCK_BYTES, where each block costs kernel launches). Smaller on CPU: glibc keeps the
-#: freed temporaries of matrix_exp on its heap, and resident memory grew with the block (dense LieRE, ViT-S/16 at
-#: 896 px, back to back: 311-444 MB with 4 MB blocks kept in a list, 109-116 MB with 1 MB blocks written into the
-#: output, in the same time; `ape` 111 MB; docs/speed.md)
-INFERENCE_BLOCK_BYTES = 1 << 20
+#: (on a GPU, blocks of BLOCK_BYTES). It was 1 MB while each block's exponentials had matrix_exp's temporaries, which
+#: glibc kept on its heap (dense LieRE, ViT-S/16 at 896 px: 311-444 MB resident with 4 MB blocks kept in a list,
+#: 109-116 MB with 1 MB blocks written into the output; `ape` 111 MB). Each block's Taylor polynomials now read the
+#: layer's words once (:class:`TaylorPolynomials`: 18 MB for dense LieRE at ViT-B/16), so a block of a few tokens
+#: costs more than its arithmetic. Dense LieRE, ad hoc, with 1, 4 and 8 MB blocks: ViT-B/16 448 px batch 2,
+#: 10.6-11.4, 7.6-8.3 and 6.8-7.1 s a forward; ViT-S/16 896 px batch 1, 16-17, 12 and 12 s, resident peak +67, +78
+#: and +88 MB (docs/speed.md)
+INFERENCE_BLOCK_BYTES = 4 << 20
 
 
 def skew_symmetric(raw: torch.Tensor) -> torch.Tensor:
