@@ -470,12 +470,15 @@ MISSED_BECAUSE = {
     "matrix more than its arithmetic, and the ratio moves with the machine: 1.41x in the run at `7da0dd2` (the 448 px "
     "section)",
     ("train_time", "cpu", "liere"): _EXPONENTIALS.format("64x64 rotation", "made, made again in backward and "
-                                                         "differentiated") + "; about 1.6 TFLOP of 64x64 products a "
-    "step, bound by arithmetic (the 448 px section)",
+                                                         "differentiated") + "; what is left is their squarings, 7.8 "
+    "64x64 products a matrix in the forward and three times that in backward, about 1 TFLOP a step, bound by "
+    "arithmetic (the 448 px section)",
     ("train_time", "cpu", "sape2"): _SAPE2_STEP,
     ("train_time", "cpu", "sape2_ape"): _SAPE2_STEP,
     ("train_memory", "cpu", "liere"): "the C allocator's heap between blocks of rotations: live tensors are 1.18x "
     "`ape`'s, and with glibc's mmap threshold fixed the step's peak is what it was with torch's `matrix_exp`",
+    ("infer_memory", "cpu", "rope_mixed_ape"): "resident memory, not live tensors (`ape`'s 59.8 MB): glibc's heap; "
+    "1.47x in the run at `4cba61a`, and 1.00x with glibc's mmap threshold fixed (`memory_vit_s16_896_mmap_cpu.json`)",
     ("infer_memory", "cuda", "liere8"): _GPU_BLOCKS,
     ("infer_memory", "cuda", "liere"): _GPU_BLOCKS,
     ("infer_memory", "cuda", "sape2"): _GPU_SAPE2_MEMORY,
