@@ -189,11 +189,6 @@ class TaylorPolynomials(NamedTuple):
         b = words.shape[-1]
         return cls(coefficients, polynomials.reshape(-1, b, b), squarings.flatten())  # (K, N, G): a copy if G > 1
 
-    def order(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each matrix's squarings in descending order, and the order (stable): the order :func:`sorted_chunks` takes
-        them in, in the forward and again in backward."""
-        return self.squarings.sort(descending=True, stable=True)
-
     def words_grad(self, grad: torch.Tensor) -> torch.Tensor:
         """The words' gradient (K, G, M, b, b) from the polynomials' (K * N * G, b, b): one product per head and
         block."""
@@ -203,10 +198,12 @@ class TaylorPolynomials(NamedTuple):
         return torch.einsum("mkng,kngx->kgmx", self.coefficients, flat).unflatten(-1, (b, b))
 
 
-def sorted_chunks(polynomials: torch.Tensor, order: torch.Tensor, squarings: torch.Tensor
-                  ) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[int]]]:
-    """:data:`EXP_CHUNK_BYTES` of matrices at a time in ``order`` (most squarings first): each chunk's indices, its
-    Taylor polynomials (a copy) and :func:`squared_prefixes`."""
+def sorted_chunks(taylor: TaylorPolynomials) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[int]]]:
+    """:data:`EXP_CHUNK_BYTES` of matrices at a time, most squarings first (a stable sort, so the forward and the
+    backward take the same chunks): each chunk's indices, its Taylor polynomials (a copy) and
+    :func:`squared_prefixes`."""
+    squarings, order = taylor.squarings.sort(descending=True, stable=True)
+    polynomials = taylor.polynomials
     step = max(1, EXP_CHUNK_BYTES // max(1, polynomials[:1].numel() * polynomials.element_size()))
     for start in range(0, polynomials.shape[0], step):
         index = order[start : start + step]
@@ -225,9 +222,8 @@ def squared_powers(exp: torch.Tensor, counts: list[int]) -> Iterator[torch.Tenso
 def exponentials(taylor: TaylorPolynomials) -> torch.Tensor:
     """The exponentials (n, b, b) of :class:`TaylorPolynomials`: each squared as often as it was halved; no
     autograd."""
-    squarings, order = taylor.order()
     out = torch.empty_like(taylor.polynomials)
-    for index, polynomials, counts in sorted_chunks(taylor.polynomials, order, squarings):
+    for index, polynomials, counts in sorted_chunks(taylor):
         for power, done in zip(squared_powers(polynomials, counts), [*counts, 0]):
             out.index_copy_(0, index[done : power.shape[0]], power[done:])  # squared no more
     return out
@@ -246,9 +242,8 @@ def exp_backward(taylor: TaylorPolynomials,
     """The gradient for the words (K, G, M, b, b): each chunk's squarings made again from its polynomials, then
     differentiated in reverse. ``chunk_grad(index, powers, counts)`` gives the gradient for the chunk's exponentials
     (len(index), b, b), in its order; it may read their :func:`squared_powers`."""
-    squarings, order = taylor.order()
     grad_in = torch.empty_like(taylor.polynomials)
-    for index, polynomials, counts in sorted_chunks(taylor.polynomials, order, squarings):
+    for index, polynomials, counts in sorted_chunks(taylor):
         powers = list(squared_powers(polynomials, counts))
         grad = chunk_grad(index, powers, counts)
         for count, power in zip(reversed(counts), reversed(powers[:-1])):  # E' = E E: E gets g E^T + E^T g
@@ -263,7 +258,7 @@ class RotationExp(torch.autograd.Function):
     in reverse, so that no chunk's intermediates outlive it; the polynomials' gradient goes to the words in one product
     per head and block, and autograd takes it to the generators. The matrices go sorted by their number of squarings,
     so that each squaring step is one matrix product over the first matrices of a chunk, those that still need it. It
-    saves the positions, the generators and their words."""
+    saves the positions, the words and the generators' norms."""
 
     @staticmethod
     def forward(ctx: Any, pos: torch.Tensor, words: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
@@ -283,8 +278,8 @@ class RotationExp(torch.autograd.Function):
 def rotation_exp(pos: torch.Tensor, skew: torch.Tensor, words: tuple[torch.Tensor, torch.Tensor] | None = None
                  ) -> torch.Tensor:
     """(N, p) positions, (K, G, p, b, b) skew generators -> R = exp(sum_d p_d A_d), (K, N, G, b, b), float32/float64,
-    by scaling and squaring: each generator sum scaled by the power of two 2^-s that brings its 1-norm under
-    :data:`TAYLOR_THETA`, a degree-12 Taylor polynomial (:class:`TaylorPolynomials`), then squared s times,
+    by scaling and squaring: each generator sum scaled by the power of two 2^-s that brings a bound on its 2-norm
+    under :data:`TAYLOR_THETA`, a degree-12 Taylor polynomial (:class:`TaylorPolynomials`), then squared s times,
     :data:`EXP_CHUNK_BYTES` of matrices at a time. ``torch.linalg.matrix_exp`` does the same with a degree chosen per
     matrix, but on CPU it sorts its batch by degree with gathers and copies around every call, and its backward takes
     the exponential of a (2b, 2b) block matrix: one layer of LieRE-8 at ViT-S/16 448 px took 57 ms forward and 454 ms
@@ -315,9 +310,9 @@ class GeneratorRotation(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        qk, *generators = ctx.saved_tensors
-        taylor = TaylorPolynomials.of(*generators)
-        b = generators[1].shape[-1]  # the words
+        qk, pos, words, gains = ctx.saved_tensors
+        taylor = TaylorPolynomials.of(pos, words, gains)
+        b = words.shape[-1]
         vectors, grad_vectors = as_columns(qk, b), as_columns(grad, b)  # (n, b, 2B)
         grad_rot = torch.bmm(grad_vectors, vectors.mT)  # rotated = R v: R gets g v^T, v gets R^T g
         grad_qk = torch.empty_like(vectors)
