@@ -285,6 +285,36 @@ def test_liere_rotation_exp_is_torchs_matrix_exp_and_its_gradient(block, monkeyp
     assert (liere.rotation_exp(pos, skew.detach()) - theirs).abs().max() > 1.0
 
 
+@pytest.mark.parametrize("block", [8, 64])
+def test_liere_rays_take_each_multiple_from_the_one_before(block, monkeypatch):
+    """Without gradients LieRE's tokens that share a ray from the origin share its exponential: R(g p') = R((g - 1) p')
+    R(p') for the ray's primitive point p', exact because one ray's generator sums commute. On a 448 px grid (28 x 28
+    from the origin; 3-D coordinates with negative ones too, and multiples whose points before them are missing) it
+    equals ``torch.linalg.matrix_exp`` in float64 as the per-token exponential does, and makes a Taylor polynomial
+    only for each ray's primitive point. The control: the same products from rays drawn from another origin (one grid
+    step off) are far off, as LieRE's rotations are not relative; and coordinates that are not whole have no rays."""
+    torch.manual_seed(0)
+    grid = torch.cartesian_prod(torch.arange(28.0), torch.arange(28.0)).double()
+    points = torch.randint(-6, 7, (30, 3))
+    scattered = torch.cat([points, 2 * points[:10], 3 * points[:5], torch.tensor([[6, -9, 3], [-10, 15, 5]])]).double()
+    made = []
+    polynomials = liere.TaylorPolynomials.of
+    monkeypatch.setattr(liere.TaylorPolynomials, "of", lambda pos, *a: made.append(len(pos)) or polynomials(pos, *a))
+    for coords in (grid, scattered):
+        raw = torch.rand(2, 64 // block, coords.shape[1], block, block, dtype=torch.float64) * 2 * math.pi
+        skew = liere.skew_symmetric(raw)  # the reference's init, (heads 2, blocks, p, b, b)
+        pos = coords / 13  # a 14 x 14 training grid's spacing
+        theirs = torch.linalg.matrix_exp(torch.einsum("tp,hgpij->htgij", pos, skew).contiguous())
+        rays = liere.Rays.of(coords)
+        made.clear()
+        torch.testing.assert_close(liere.rotation_exp(pos, skew, rays=rays), theirs, rtol=0, atol=1e-11)
+        assert made == [len(rays.first)] and len(rays.first) < 0.7 * len(coords)
+        if coords is grid:
+            shifted = liere.Rays.of(coords + 1)
+            assert (liere.rotation_exp(pos, skew, rays=shifted) - theirs).abs().max() > 1e-3
+    assert liere.Rays.of(grid + 0.5) is None and liere.Rays.of(torch.tensor([[1.0, 2.0], [2.0, 3.0]])) is None
+
+
 def test_liere_block2_is_relative_and_dense_is_not():
     coords = random_coords(2)
     pi, pj = coords[:1], coords[1:]

@@ -496,8 +496,8 @@ def test_liere_blocks_of_per_sample_tokens_rotate_each_distinct_coordinate_once_
     calls = []
     rotation_exp = liere.rotation_exp
     monkeypatch.setattr(liere, "rotation_exp",  # the call's matrices: heads * positions * blocks
-                        lambda pos, skew, words=None: calls.append(skew.shape[0] * pos.shape[0] * skew.shape[1])
-                        or rotation_exp(pos, skew, words))
+                        lambda pos, skew, *rest: calls.append(skew.shape[0] * pos.shape[0] * skew.shape[1])
+                        or rotation_exp(pos, skew, *rest))
     with torch.no_grad():
         out = model(batch)
     assert (calls == [enc.ctx.num_heads * enc.num_blocks * distinct] * len(model.blocks)) == table
@@ -505,6 +505,37 @@ def test_liere_blocks_of_per_sample_tokens_rotate_each_distinct_coordinate_once_
     with torch.no_grad():
         for i, image in enumerate(images):
             torch.testing.assert_close(out[i], model(image[None])[0], rtol=0, atol=1e-10)
+
+
+def test_liere_inference_blocks_are_whole_rays(monkeypatch):
+    """Without gradients on a large grid LieRE rotates blocks of whole rays from the origin (:class:`liere.Rays`), so
+    that each ray's tokens take their rotations from one exponential: a Taylor polynomial per ray, not per token, and
+    the output equals the per-token exponentials'. The control: without rays (coordinates that are not whole), every
+    token gets its own polynomial, and blocks are runs of tokens."""
+    model = perturbed("vit_t4_liere").eval()
+    x = torch.randn(2, 3, 40, 48, dtype=torch.float64)  # 10 x 12 patches and CLS
+    for name in ("STATE_BYTES", "CACHE_BYTES"):
+        monkeypatch.setattr(liere, name, 1000)
+    monkeypatch.setattr(liere, "INFERENCE_BLOCK_BYTES", 20_000)
+    made = []
+    polynomials = liere.TaylorPolynomials.of
+    monkeypatch.setattr(liere.TaylorPolynomials, "of", lambda pos, *a: made.append(len(pos)) or polynomials(pos, *a))
+    blocks = []
+    token_blocks = liere.token_blocks
+    monkeypatch.setattr(liere, "token_blocks", lambda *a: blocks.append(token_blocks(*a)) or blocks[-1])
+    with torch.no_grad():
+        out = model(x)
+    grid = torch.cartesian_prod(torch.arange(10.0), torch.arange(12.0)).flip(-1)  # (x, y) in row-major order
+    rays, _ = liere.ray_of_tokens(torch.cat([torch.zeros(1, 2), grid]))  # CLS at the origin
+    assert len(blocks) == len(model.blocks) and len(blocks[0]) > 2
+    for block in blocks[0]:  # each ray's tokens all in one block
+        assert set(rays[block].tolist()).isdisjoint(rays[torch.cat([b for b in blocks[0] if b is not block])].tolist())
+    assert sum(made) == len(model.blocks) * len(set(rays.tolist())) < 0.75 * len(model.blocks) * len(rays)
+    made.clear()
+    monkeypatch.setattr(liere, "ray_of_tokens", lambda coords: None)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), out, rtol=0, atol=1e-10)
+    assert sum(made) == len(model.blocks) * len(rays)
 
 
 @pytest.mark.parametrize("grad", [False, True])

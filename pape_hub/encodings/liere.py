@@ -18,7 +18,8 @@ layers (one layer at a time, cached: 0.46 GB for dense LieRE at ViT-B/16 224 px,
 under autocast; invalidated when the parameters change); in training once per step and layer, inside that layer (so
 with gradient checkpointing they are recomputed there, and only one layer's intermediates live); on a grid whose layer
 of rotations is over ``STATE_BYTES``, a block of tokens at a time, made again in backward (on CPU by
-:class:`GeneratorRotation`, once; elsewhere checkpointed).
+:class:`GeneratorRotation`, once; elsewhere checkpointed). Without gradients on CPU, tokens on one ray from the origin
+share its exponential (:class:`Rays`: R(g p) = R((g - 1) p) R(p)), and a large grid's blocks are whole rays.
 """
 
 from __future__ import annotations
@@ -275,8 +276,76 @@ class RotationExp(torch.autograd.Function):
         return None, exp_backward(taylor, lambda index, powers, counts: flat.index_select(0, index)), None
 
 
-def rotation_exp(pos: torch.Tensor, skew: torch.Tensor, words: tuple[torch.Tensor, torch.Tensor] | None = None
-                 ) -> torch.Tensor:
+def ray_of_tokens(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(n, p) coordinates -> each token's ray from the origin (n,), an index, and its whole multiple g >= 1 along it
+    (n,): the token is g p' for its ray's primitive point p' (whole coordinates with greatest common divisor 1; the
+    origin is a ray of its own). None where a coordinate is not a whole number (free tokens, interpolated grids)."""
+    whole = coords.round()
+    if coords.ndim != 2 or not torch.equal(whole, coords):
+        return None
+    whole = whole.long()
+    multiple = whole[:, 0].abs()
+    for d in range(1, whole.shape[1]):
+        multiple = torch.gcd(multiple, whole[:, d])  # non-negative
+    multiple = multiple.clamp(min=1)  # the origin: multiple 1 of itself
+    _, ray = torch.unique(whole // multiple[:, None], dim=0, return_inverse=True)  # exact division
+    return ray, multiple
+
+
+class Rays(NamedTuple):
+    """Tokens that share a ray from the origin: on it the generator sums are g x' for one x', so they commute, and
+    R(g p') = R((g - 1) p') R(p'): one b x b product a token where its exponential takes a Taylor polynomial and its
+    squarings (some 7.8 products a matrix for dense LieRE at 448 px). On a grid from the origin about 39% of tokens lie
+    past their ray's primitive point (gcd > 1). The rays go sorted by their last multiple, most first, so that the
+    products for multiple g are one matrix product over the first rays, those that reach it."""
+
+    first: torch.Tensor  #: (R,) a token of each ray, in the sorted order
+    multiple: torch.Tensor  #: (R,) that token's multiple: its ray's primitive point is its position / multiple
+    steps: list[int]  #: how many rays reach multiple 2, 3, ...
+    take: torch.Tensor  #: (n,) each token's row among the multiples: R of multiple 1, steps[0] of 2, ...
+
+    @classmethod
+    def of(cls, coords: torch.Tensor) -> Rays | None:
+        """The rays of (n, p) coordinates; None where a coordinate is not whole or no two tokens share a ray."""
+        found = ray_of_tokens(coords)
+        if found is None:
+            return None
+        ray, multiple = found
+        count = int(ray.max()) + 1
+        if count == ray.shape[0]:
+            return None
+        tokens = torch.arange(ray.shape[0], device=ray.device)
+        last = torch.zeros(count, dtype=torch.long, device=ray.device).scatter_reduce_(0, ray, multiple, "amax")
+        order = torch.argsort(last, descending=True, stable=True)  # rank -> ray
+        rank = torch.empty_like(order).scatter_(0, order, torch.arange(count, device=ray.device))
+        reach = torch.bincount(last).flip(0).cumsum(0).flip(0)  # reach[g]: rays whose last multiple is g or more
+        steps = reach[2:].tolist()
+        starts = torch.tensor([0, count, *steps], device=ray.device).cumsum(0)  # each multiple's first row
+        first = torch.full((count,), ray.shape[0], device=ray.device).scatter_reduce_(0, ray, tokens, "amin")[order]
+        return cls(first, multiple[first], steps, starts[multiple - 1] + rank[ray])
+
+    def exponentials(self, pos: torch.Tensor, words: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+        """Every token's rotation (K, n, G, b, b) from ``pos`` (n, p), the words and gains of :class:`RotationExp`,
+        without autograd: each ray's primitive point by :func:`exponentials`, then each multiple from the one
+        before."""
+        heads, blocks, _, b, _ = words.shape
+        primitive = pos[self.first] / self.multiple[:, None].to(pos.dtype)  # (R, p)
+        exp = exponentials(TaylorPolynomials.of(primitive, words, gains)).view(heads, -1, blocks, b, b)
+        rays = exp.shape[1]
+        table = exp.new_empty(rays + sum(self.steps), heads, blocks, b, b)  # (rows, K, G, b, b): rays first
+        table[:rays] = exp.transpose(0, 1)
+        del exp
+        matrices, per_row = table.view(-1, b, b), heads * blocks  # a row: one position's K * G matrices
+        before, at = 0, rays * per_row
+        for count in self.steps:  # R(g p') = R((g - 1) p') R(p') for the first ``count`` rays
+            rows = count * per_row
+            torch.bmm(matrices[before : before + rows], matrices[:rows], out=matrices[at : at + rows])
+            before, at = at, at + rows
+        return table.index_select(0, self.take).transpose(0, 1)
+
+
+def rotation_exp(pos: torch.Tensor, skew: torch.Tensor, words: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 rays: Rays | None = None) -> torch.Tensor:
     """(N, p) positions, (K, G, p, b, b) skew generators -> R = exp(sum_d p_d A_d), (K, N, G, b, b), float32/float64,
     by scaling and squaring: each generator sum scaled by the power of two 2^-s that brings a bound on its 2-norm
     under :data:`TAYLOR_THETA`, a degree-12 Taylor polynomial (:class:`TaylorPolynomials`), then squared s times,
@@ -285,8 +354,11 @@ def rotation_exp(pos: torch.Tensor, skew: torch.Tensor, words: tuple[torch.Tenso
     the exponential of a (2b, 2b) block matrix: one layer of LieRE-8 at ViT-S/16 448 px took 57 ms forward and 454 ms
     with backward there, dense LieRE 0.93 s and 6.05 s (docs/speed.md gives this function's). Its backward makes each
     chunk again (:class:`RotationExp`). ``words``: the generators' :func:`normalised_words`, where several calls share
-    them (a layer's blocks of tokens)."""
+    them (a layer's blocks of tokens). ``rays``: where given, the :class:`Rays` of the positions' whole coordinates,
+    whose tokens past their ray's first point take a product each instead (no autograd)."""
     gains, taylor_words = normalised_words(skew) if words is None else words
+    if rays is not None:
+        return rays.exponentials(pos, taylor_words, gains)
     return RotationExp.apply(pos, taylor_words, gains)
 
 
@@ -338,6 +410,26 @@ def from_columns(columns: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     b = columns.shape[1]
     blocks = columns.view(heads, tokens, span // b, b, two, batch).permute(4, 5, 0, 1, 2, 3)
     return blocks.reshape(shape)
+
+
+def token_blocks(coords: torch.Tensor, size: int) -> list[slice] | list[torch.Tensor]:
+    """Blocks of about ``size`` of the tokens of ``coords`` ((T, p), or (B, T, p) per sample) for a large grid's
+    rotations without gradients on CPU: whole rays from the origin (each block's tokens in one index tensor), so that
+    a block's rotations share their rays' exponentials (:class:`Rays`), where the coordinates are whole; else runs of
+    tokens."""
+    tokens = coords.shape[-2]
+    rays = ray_of_tokens(coords) if coords.device.type == "cpu" and not torch.compiler.is_compiling() else None
+    if rays is None:
+        return [slice(start, start + size) for start in range(0, tokens, size)]
+    order = torch.argsort(rays[0], stable=True)  # tokens by ray
+    bounds, taken = [0], 0
+    for count in torch.bincount(rays[0]).tolist():  # a block ends at the first ray end past ``size`` tokens
+        taken += count
+        if taken - bounds[-1] >= size:
+            bounds.append(taken)
+    if bounds[-1] < tokens:
+        bounds.append(tokens)
+    return [order[start:stop] for start, stop in zip(bounds, bounds[1:])]
 
 
 def distinct_coordinates(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -400,8 +492,10 @@ class LieRE(PositionEncoding):
             log_rot = torch.einsum("...np,lhgpij->l...hngij", pos, skew)
             b = self.block_size
             rot = torch.linalg.matrix_exp(log_rot.reshape(-1, b, b)).view(log_rot.shape)  # one flat batch
-        else:  # (L * H, B * T, G, b, b) -> (L, ..., H, T, G, b, b)
-            rot = rotation_exp(pos.reshape(-1, pos.shape[-1]), skew.flatten(0, 1), words).unflatten(0, skew.shape[:2])
+        else:  # (L * H, B * T, G, b, b) -> (L, ..., H, T, G, b, b); without gradients, rays share exponentials
+            rays = Rays.of(coords) if pos.ndim == 2 and not self.trains_generators() else None
+            rot = rotation_exp(pos.reshape(-1, pos.shape[-1]), skew.flatten(0, 1), words, rays)
+            rot = rot.unflatten(0, skew.shape[:2])
             rot = rot.unflatten(2, pos.shape[:-1]).movedim(2, 1) if pos.ndim == 3 else rot
         return rot if layer is None else rot[0]
 
@@ -415,7 +509,7 @@ class LieRE(PositionEncoding):
         """(token coordinates, each layer's rotations). While gradients flow into the generators the rotations are
         left to :meth:`transform_qk`, one layer at a time: the backward of one all-layer ``matrix_exp`` would hold
         every layer's intermediates at once (over 10 GB for dense LieRE at ViT-B/16)."""
-        if (torch.is_grad_enabled() and self.generators.requires_grad) or torch.compiler.is_compiling() \
+        if self.trains_generators() or torch.compiler.is_compiling() \
                 or self.layer_bytes(pos) * self.ctx.depth > CACHE_BYTES:
             # compiled: no Python cache inside a graph (and no graph break, so fullgraph=True holds); each layer's
             # matrix_exp is part of the graph and recomputed per call. Large grids: every layer's rotations would
@@ -478,7 +572,7 @@ class LieRE(PositionEncoding):
             # its time and 2x its memory). Elsewhere torch's matrix_exp keeps several times the rotations for its
             # backward (2.2x a plain ViT's training memory): checkpointed. GeneratorRotation here (no rotation kept,
             # made again in backward) took LieRE-8's step there to 8.0 s from 6.0-6.2 s: a layer's 8x8 blocks at once
-            if torch.is_grad_enabled() and self.generators.requires_grad and coords.device.type != "cpu":
+            if self.trains_generators() and coords.device.type != "cpu":
                 return checkpoint(self.rotate_block, qk, coords, layer, use_reentrant=False)
             return self.rotate_block(qk, coords, layer)
         # a large grid: the rotations of a block of tokens, used and dropped; in training each block's are made again
@@ -487,10 +581,8 @@ class LieRE(PositionEncoding):
             out = torch.empty_like(qk)
             with full_precision(coords.device):
                 rotations, block_bytes = self.block_rotations(coords, layer)
-                step = max(1, tokens * block_bytes // size)
-                for start in range(0, tokens, step):
-                    out[..., start : start + step, :] = self.rotate(
-                        qk[..., start : start + step, :], rotations(start, min(start + step, tokens)))
+                for block in token_blocks(coords, max(1, tokens * block_bytes // size)):
+                    out[..., block, :] = self.rotate(qk[..., block, :], rotations(block))
             return out
         step = max(1, tokens * BLOCK_BYTES // size)
         words = self.layer_words(layer, compute_dtype(coords)) if self.by_hand(coords) else None  # once a layer
@@ -507,30 +599,35 @@ class LieRE(PositionEncoding):
         return torch.cat(blocks, dim=-2)
 
     def block_rotations(self, coords: torch.Tensor, layer: int
-                        ) -> tuple[Callable[[int, int], torch.Tensor], int]:
-        """The rotations of ``layer`` for tokens ``start:stop`` (:meth:`rotations`' shapes), and the bytes of
-        rotations a block takes without gradients. Per-sample coordinates (B, T, p) take each distinct coordinate's
-        rotation from one table made for the layer, where it fits in STATE_BYTES: a batch of grids shares its cells,
-        but a block of tokens shares few of them, so blocks that each took their own distinct coordinates ran many
-        more ``matrix_exp`` (dense LieRE, a NaFlex batch at ViT-S/16: 3.9 s a forward in 1 MB blocks, 2.3 s in 4 MB
-        blocks; docs/speed.md). A table's blocks only gather, so they take BLOCK_BYTES; blocks that make their own
-        rotations take INFERENCE_BLOCK_BYTES on CPU (matrix_exp's temporaries)."""
+                        ) -> tuple[Callable[[slice | torch.Tensor], torch.Tensor], int]:
+        """The rotations of ``layer`` for a block of tokens (:func:`token_blocks`; :meth:`rotations`' shapes), and the
+        bytes of rotations a block takes without gradients. Per-sample coordinates (B, T, p) take each distinct
+        coordinate's rotation from one table made for the layer, where it fits in STATE_BYTES: a batch of grids shares
+        its cells, but a block of tokens shares few of them, so blocks that each took their own distinct coordinates
+        ran many more ``matrix_exp`` (dense LieRE, a NaFlex batch at ViT-S/16: 3.9 s a forward in 1 MB blocks, 2.3 s
+        in 4 MB blocks; docs/speed.md). The table's rays share exponentials (:class:`Rays`), as a grid's blocks'. A
+        table's blocks only gather, so they take BLOCK_BYTES; blocks that make their own rotations take
+        INFERENCE_BLOCK_BYTES on CPU (matrix_exp's temporaries)."""
         if coords.ndim == 3:
             distinct, index = distinct_coordinates(coords)
             table_bytes = self.rotations_bytes(distinct.shape[0], compute_dtype(coords).itemsize)
             if table_bytes <= STATE_BYTES:  # the bound of a layer's rotations made at once
                 table = self.rotations(distinct, layer)  # (H, distinct, G, b, b)
-                return (lambda start, stop: take_rotations(table, index[:, start:stop])), BLOCK_BYTES
+                return (lambda block: take_rotations(table, index[:, block])), BLOCK_BYTES
         if coords.device.type != "cpu" or torch.compiler.is_compiling():  # torch's matrix_exp; a GPU's launches count
-            return (lambda start, stop: self.rotations(coords[..., start:stop, :], layer)), BLOCK_BYTES
+            return (lambda block: self.rotations(coords[..., block, :], layer)), BLOCK_BYTES
         words = self.layer_words(layer, compute_dtype(coords))  # once a layer, not a block (a 1 MB block of dense
         # LieRE at ViT-B/16 is 5 tokens: making the words for each took 448 px inference from 7.1 s to 46.6 s)
-        return (lambda start, stop: self.rotations(coords[..., start:stop, :], layer, words)), INFERENCE_BLOCK_BYTES
+        return (lambda block: self.rotations(coords[..., block, :], layer, words)), INFERENCE_BLOCK_BYTES
 
     def rotate_block(self, qk: torch.Tensor, coords: torch.Tensor, layer: int) -> torch.Tensor:
         """Queries and keys of a block of tokens rotated by that block's rotations of ``layer``."""
         with full_precision(coords.device):
             return self.rotate(qk, self.rotations(coords, layer))
+
+    def trains_generators(self) -> bool:
+        """Whether autograd takes the generators' gradient through this call's rotations."""
+        return torch.is_grad_enabled() and self.generators.requires_grad
 
     @staticmethod
     def by_hand(coords: torch.Tensor) -> bool:
