@@ -561,19 +561,27 @@ def test_liere_blocks_of_tokens_share_their_layers_words(grad, monkeypatch):
         assert model.pos_encoding.generators.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("rays", [False, True])
 @pytest.mark.parametrize("block", [8, 64])
-def test_liere_generator_rotation_is_autograd_through_its_exponentials(block, monkeypatch):
+def test_liere_generator_rotation_is_autograd_through_its_exponentials(block, rays, monkeypatch):
     """LieRE's large grids in CPU training rotate queries and keys through ``GeneratorRotation``, whose backward makes
-    each chunk's exponentials once and takes both gradients from them. Against autograd through torch's
-    ``matrix_exp`` and an einsum, in float64 on norms up to a 448 px grid's, several chunks mixing
-    squaring counts: outputs, the queries' and keys' gradient and the generators'. The control: the positions of
-    the tokens reversed give other gradients (each token takes its own rotation)."""
+    each chunk's exponentials once and takes both gradients from them; along rays from the origin (a grid's tokens,
+    ``rays``) it keeps its primitive points' squarings and takes the gradients through the products of each multiple
+    too. Against autograd through torch's ``matrix_exp`` and an einsum, in float64 on norms up to a 448 px grid's,
+    several chunks mixing squaring counts: outputs, the queries' and keys' gradient and the generators'. The control:
+    the positions of the tokens reversed give other gradients (each token takes its own rotation)."""
     torch.manual_seed(0)
     monkeypatch.setattr(liere, "EXP_CHUNK_BYTES", 8 * 7 * block**2)  # chunks of 7 matrices: several, and a short one
-    heads, blocks, tokens = 2, 64 // block, 9
+    if rays:  # a 5 x 6 grid from the origin: 18 rays, multiples up to 5
+        coords = torch.cartesian_prod(torch.arange(5.0), torch.arange(6.0)).double()
+        pos, along = coords * 2.1 / 5, liere.Rays.of(coords)
+        assert len(along.first) == 18 and len(along.steps) == 4
+    else:
+        pos = torch.cat([torch.zeros(1, 2, dtype=torch.float64), torch.rand(8, 2, dtype=torch.float64) * 2.1])
+        along = None
+    heads, blocks, tokens = 2, 64 // block, len(pos)
     raw = torch.rand(heads, blocks, 2, block, block, dtype=torch.float64) * 2 * math.pi  # the reference's init
     skew = liere.skew_symmetric(raw).requires_grad_()
-    pos = torch.cat([torch.zeros(1, 2, dtype=torch.float64), torch.rand(tokens - 1, 2, dtype=torch.float64) * 2.1])
     qk = torch.randn(2, 3, heads, tokens, 64, dtype=torch.float64, requires_grad=True)
     weights = torch.randn(2, 3, heads, tokens, 64, dtype=torch.float64)
 
@@ -585,7 +593,7 @@ def test_liere_generator_rotation_is_autograd_through_its_exponentials(block, mo
 
     theirs = autograd_path(pos)
     gains, words = liere.normalised_words(skew)
-    ours = liere.GeneratorRotation.apply(qk, pos, words, gains)
+    ours = liere.GeneratorRotation.apply(qk, pos, words, gains, along)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-11)
     grads_ours = torch.autograd.grad((ours * weights).sum(), (qk, skew))
     grads_theirs = torch.autograd.grad((theirs * weights).sum(), (qk, skew))

@@ -18,8 +18,9 @@ layers (one layer at a time, cached: 0.46 GB for dense LieRE at ViT-B/16 224 px,
 under autocast; invalidated when the parameters change); in training once per step and layer, inside that layer (so
 with gradient checkpointing they are recomputed there, and only one layer's intermediates live); on a grid whose layer
 of rotations is over ``STATE_BYTES``, a block of tokens at a time, made again in backward (on CPU by
-:class:`GeneratorRotation`, once; elsewhere checkpointed). Without gradients on CPU, tokens on one ray from the origin
-share its exponential (:class:`Rays`: R(g p) = R((g - 1) p) R(p)), and a large grid's blocks are whole rays.
+:class:`GeneratorRotation`, once; elsewhere checkpointed). On CPU, tokens on one ray from the origin share its
+exponential (:class:`Rays`: R(g p) = R((g - 1) p) R(p)) where their rotations are made outside autograd (without
+gradients, and in :class:`GeneratorRotation`), and a large grid's blocks are whole rays.
 """
 
 from __future__ import annotations
@@ -238,14 +239,25 @@ def each_exponential(powers: list[torch.Tensor], counts: list[int]) -> torch.Ten
     return exp
 
 
+def kept_squarings(taylor: TaylorPolynomials) -> list[tuple[torch.Tensor, list[torch.Tensor], list[int]]]:
+    """Every :func:`sorted_chunks` chunk's indices, :func:`squared_powers` and counts, kept (what :func:`exp_backward`
+    makes one chunk at a time, for a caller that needs every exponential before any gradient)."""
+    return [(index, list(squared_powers(polynomials, counts)), counts)
+            for index, polynomials, counts in sorted_chunks(taylor)]
+
+
 def exp_backward(taylor: TaylorPolynomials,
-                 chunk_grad: Callable[[torch.Tensor, list[torch.Tensor], list[int]], torch.Tensor]) -> torch.Tensor:
-    """The gradient for the words (K, G, M, b, b): each chunk's squarings made again from its polynomials, then
-    differentiated in reverse. ``chunk_grad(index, powers, counts)`` gives the gradient for the chunk's exponentials
-    (len(index), b, b), in its order; it may read their :func:`squared_powers`."""
+                 chunk_grad: Callable[[torch.Tensor, list[torch.Tensor], list[int]], torch.Tensor],
+                 chunks: list[tuple[torch.Tensor, list[torch.Tensor], list[int]]] | None = None) -> torch.Tensor:
+    """The gradient for the words (K, G, M, b, b): each chunk's squarings made again from its polynomials (or taken
+    from ``chunks``, :func:`kept_squarings`), then differentiated in reverse. ``chunk_grad(index, powers, counts)``
+    gives the gradient for the chunk's exponentials (len(index), b, b), in its order; it may read their
+    :func:`squared_powers`."""
     grad_in = torch.empty_like(taylor.polynomials)
-    for index, polynomials, counts in sorted_chunks(taylor):
-        powers = list(squared_powers(polynomials, counts))
+    if chunks is None:
+        chunks = ((index, list(squared_powers(polynomials, counts)), counts)
+                  for index, polynomials, counts in sorted_chunks(taylor))
+    for index, powers, counts in chunks:
         grad = chunk_grad(index, powers, counts)
         for count, power in zip(reversed(counts), reversed(powers[:-1])):  # E' = E E: E gets g E^T + E^T g
             before = power[:count]
@@ -324,24 +336,50 @@ class Rays(NamedTuple):
         first = torch.full((count,), ray.shape[0], device=ray.device).scatter_reduce_(0, ray, tokens, "amin")[order]
         return cls(first, multiple[first], steps, starts[multiple - 1] + rank[ray])
 
+    def primitives(self, pos: torch.Tensor) -> torch.Tensor:
+        """(n, p) positions -> each ray's primitive point (R, p), in the sorted order."""
+        return pos[self.first] / self.multiple[:, None].to(pos.dtype)
+
+    def starts(self, per_row: int) -> list[int]:
+        """Where each multiple's rows start among the table's matrices, ``per_row`` matrices a row."""
+        starts = [0, len(self.first) * per_row]
+        for count in self.steps:
+            starts.append(starts[-1] + count * per_row)
+        return starts
+
+    def table(self, exp: torch.Tensor, heads: int, blocks: int) -> torch.Tensor:
+        """The primitive points' exponentials (K * R * G, b, b), in (K, R, G) order -> every multiple's rotation,
+        (rows, K, G, b, b): the R rays' first, then each multiple g >= 2 of the rays that reach it, R(g p') =
+        R((g - 1) p') R(p')."""
+        b = exp.shape[-1]
+        table = exp.new_empty(self.starts(heads * blocks)[-1] // (heads * blocks), heads, blocks, b, b)
+        table[: len(self.first)] = exp.view(heads, -1, blocks, b, b).transpose(0, 1)
+        matrices, starts = table.view(-1, b, b), self.starts(heads * blocks)
+        for before, at, stop in zip(starts, starts[1:], starts[2:]):  # the first rays' previous multiple, times R(p')
+            torch.bmm(matrices[before : before + stop - at], matrices[: stop - at], out=matrices[at:stop])
+        return table
+
+    def table_grad(self, table: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """:meth:`table`'s backward: ``grad`` (rows, K, G, b, b), the table's, accumulated in place down the
+        multiples -> the primitive points' exponentials' (K * R * G, b, b), in (K, R, G) order."""
+        heads, blocks, b = table.shape[1], table.shape[2], table.shape[-1]
+        matrices, grads, starts = table.view(-1, b, b), grad.view(-1, b, b), self.starts(heads * blocks)
+        for before, at, stop in reversed(list(zip(starts, starts[1:], starts[2:]))):
+            rows = stop - at  # R_g = R_(g-1) E: R_(g-1) gets G E^T, E gets R_(g-1)^T G
+            grads[before : before + rows].baddbmm_(grads[at:stop], matrices[:rows].mT)
+            grads[:rows].baddbmm_(matrices[before : before + rows].mT, grads[at:stop])
+        return grad[: len(self.first)].transpose(0, 1).reshape(-1, b, b)
+
+    def tokens(self, table: torch.Tensor) -> torch.Tensor:
+        """Each token's rotation from the :meth:`table`, (K, n, G, b, b) (a view of a gathered copy)."""
+        return table.index_select(0, self.take).transpose(0, 1)
+
     def exponentials(self, pos: torch.Tensor, words: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
         """Every token's rotation (K, n, G, b, b) from ``pos`` (n, p), the words and gains of :class:`RotationExp`,
         without autograd: each ray's primitive point by :func:`exponentials`, then each multiple from the one
         before."""
-        heads, blocks, _, b, _ = words.shape
-        primitive = pos[self.first] / self.multiple[:, None].to(pos.dtype)  # (R, p)
-        exp = exponentials(TaylorPolynomials.of(primitive, words, gains)).view(heads, -1, blocks, b, b)
-        rays = exp.shape[1]
-        table = exp.new_empty(rays + sum(self.steps), heads, blocks, b, b)  # (rows, K, G, b, b): rays first
-        table[:rays] = exp.transpose(0, 1)
-        del exp
-        matrices, per_row = table.view(-1, b, b), heads * blocks  # a row: one position's K * G matrices
-        before, at = 0, rays * per_row
-        for count in self.steps:  # R(g p') = R((g - 1) p') R(p') for the first ``count`` rays
-            rows = count * per_row
-            torch.bmm(matrices[before : before + rows], matrices[:rows], out=matrices[at : at + rows])
-            before, at = at, at + rows
-        return table.index_select(0, self.take).transpose(0, 1)
+        exp = exponentials(TaylorPolynomials.of(self.primitives(pos), words, gains))
+        return self.tokens(self.table(exp, *words.shape[:2]))
 
 
 def rotation_exp(pos: torch.Tensor, skew: torch.Tensor, words: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -369,24 +407,34 @@ class GeneratorRotation(torch.autograd.Function):
     each chunk's squarings once, and takes from them both the exponentials, for the queries' and keys' gradient, and
     the words' gradient (two makings and the differentiation, against three and it).
     qk: (2, B, H, T, G*b) with positions (T, p) shared by the batch, and the skew generators' (H, G, p, b, b)
-    :func:`normalised_words` -> (2, B, H, T, G*b)."""
+    :func:`normalised_words` -> (2, B, H, T, G*b). ``rays``: the positions' :class:`Rays`, where tokens share them:
+    then each ray's primitive point's squarings are kept through the backward (the products along the rays need
+    every exponential before any gradient), the exponentials made from them, and both gradients taken through the
+    products."""
 
     @staticmethod
-    def forward(ctx: Any, qk: torch.Tensor, pos: torch.Tensor, words: torch.Tensor, gains: torch.Tensor
-                ) -> torch.Tensor:
-        rot = exponentials(TaylorPolynomials.of(pos, words, gains))
+    def forward(ctx: Any, qk: torch.Tensor, pos: torch.Tensor, words: torch.Tensor, gains: torch.Tensor,
+                rays: Rays | None = None) -> torch.Tensor:
+        b = words.shape[-1]
+        if rays is None:
+            rot = exponentials(TaylorPolynomials.of(pos, words, gains))
+        else:
+            rot = rays.exponentials(pos, words, gains).reshape(-1, b, b)  # (K * T * G, b, b)
+        ctx.rays = rays
         ctx.save_for_backward(qk, pos, words, gains)  # qk as given (a view of the layer's): no copy per layer
-        vectors = as_columns(qk, words.shape[-1])
-        return from_columns(torch.bmm(rot, vectors), qk.shape)
+        return from_columns(torch.bmm(rot, as_columns(qk, b)), qk.shape)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         qk, pos, words, gains = ctx.saved_tensors
-        taylor = TaylorPolynomials.of(pos, words, gains)
         b = words.shape[-1]
         vectors, grad_vectors = as_columns(qk, b), as_columns(grad, b)  # (n, b, 2B)
         grad_rot = torch.bmm(grad_vectors, vectors.mT)  # rotated = R v: R gets g v^T, v gets R^T g
+        if ctx.rays is not None:
+            grad_qk, grad_words = ray_rotation_grads(ctx.rays, pos, words, gains, grad_rot, grad_vectors)
+            return from_columns(grad_qk, qk.shape), None, grad_words, None, None
+        taylor = TaylorPolynomials.of(pos, words, gains)
         grad_qk = torch.empty_like(vectors)
 
         def chunk_grad(index: torch.Tensor, powers: list[torch.Tensor], counts: list[int]) -> torch.Tensor:
@@ -395,7 +443,26 @@ class GeneratorRotation(torch.autograd.Function):
             return grad_rot.index_select(0, index)
 
         grad_words = exp_backward(taylor, chunk_grad)
-        return from_columns(grad_qk, qk.shape), None, grad_words, None
+        return from_columns(grad_qk, qk.shape), None, grad_words, None, None
+
+
+def ray_rotation_grads(rays: Rays, pos: torch.Tensor, words: torch.Tensor, gains: torch.Tensor,
+                       grad_rot: torch.Tensor, grad_vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:class:`GeneratorRotation`'s backward along :class:`Rays`: the gradients of the queries and keys (K * T * G, b,
+    2B) and of the words, from the rotations' (``grad_rot``, (K * T * G, b, b)) and the rotated vectors'. The primitive
+    points' squarings are made once and kept, the exponentials and every multiple taken from them."""
+    heads, blocks, _, b, _ = words.shape
+    taylor = TaylorPolynomials.of(rays.primitives(pos), words, gains)
+    chunks = kept_squarings(taylor)
+    exp = torch.empty_like(taylor.polynomials)
+    for index, powers, counts in chunks:
+        exp.index_copy_(0, index, each_exponential(powers, counts))
+    table = rays.table(exp, heads, blocks)
+    del exp
+    grad_qk = torch.bmm(rays.tokens(table).reshape(-1, b, b).mT, grad_vectors)
+    per_token = grad_rot.view(heads, -1, blocks, b, b).transpose(0, 1)  # (T, K, G, b, b)
+    grad_exp = rays.table_grad(table, torch.zeros_like(table).index_add_(0, rays.take, per_token))
+    return grad_qk, exp_backward(taylor, lambda index, powers, counts: grad_exp.index_select(0, index), chunks)
 
 
 def as_columns(qk: torch.Tensor, b: int) -> torch.Tensor:
@@ -414,9 +481,8 @@ def from_columns(columns: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 
 def token_blocks(coords: torch.Tensor, size: int) -> list[slice] | list[torch.Tensor]:
     """Blocks of about ``size`` of the tokens of ``coords`` ((T, p), or (B, T, p) per sample) for a large grid's
-    rotations without gradients on CPU: whole rays from the origin (each block's tokens in one index tensor), so that
-    a block's rotations share their rays' exponentials (:class:`Rays`), where the coordinates are whole; else runs of
-    tokens."""
+    rotations: on CPU whole rays from the origin (each block's tokens in one index tensor), so that a block's
+    rotations share their rays' exponentials (:class:`Rays`), where the coordinates are whole; else runs of tokens."""
     tokens = coords.shape[-2]
     rays = ray_of_tokens(coords) if coords.device.type == "cpu" and not torch.compiler.is_compiling() else None
     if rays is None:
@@ -584,19 +650,22 @@ class LieRE(PositionEncoding):
                 for block in token_blocks(coords, max(1, tokens * block_bytes // size)):
                     out[..., block, :] = self.rotate(qk[..., block, :], rotations(block))
             return out
-        step = max(1, tokens * BLOCK_BYTES // size)
         words = self.layer_words(layer, compute_dtype(coords)) if self.by_hand(coords) else None  # once a layer
-        blocks = []
-        for start in range(0, tokens, step):
-            part = qk[..., start : start + step, :]
-            block = coords[..., start : start + step, :]
+        blocks = token_blocks(coords, max(1, tokens * BLOCK_BYTES // size))
+        order = torch.cat(blocks) if isinstance(blocks[0], torch.Tensor) else None  # whole rays: tokens by ray
+        sizes = [len(range(tokens)[block]) if isinstance(block, slice) else len(block) for block in blocks]
+        parts = (qk if order is None else qk.index_select(-2, order)).split(sizes, dim=-2)  # one gather: one scatter
+        sorted_coords = (coords if order is None else coords[order]).split(sizes, dim=-2)  # back in backward
+        rotated = []
+        for part, block in zip(parts, sorted_coords):
             if words is not None:  # one grid on CPU: GeneratorRotation makes the exponentials once in backward,
                 # checkpointing twice (dense LieRE at ViT-S/16, 448 px, batch 4, fresh processes alternated:
                 # 20.1-20.2 s a step against 22.6-22.7 s; LieRE-8 forced blockwise there 5.9-6.1 s against 6.2-6.6 s)
-                blocks.append(self.rotate_by_hand(part, block, words))
+                rotated.append(self.rotate_by_hand(part, block, words))
             else:  # per-sample coordinates (their distinct ones, per block), a GPU's matrix_exp, autocast
-                blocks.append(checkpoint(self.rotate_block, part, block, layer, use_reentrant=False))
-        return torch.cat(blocks, dim=-2)
+                rotated.append(checkpoint(self.rotate_block, part, block, layer, use_reentrant=False))
+        out = torch.cat(rotated, dim=-2)
+        return out if order is None else out.index_select(-2, torch.argsort(order))  # back to the tokens' order
 
     def block_rotations(self, coords: torch.Tensor, layer: int
                         ) -> tuple[Callable[[slice | torch.Tensor], torch.Tensor], int]:
@@ -643,11 +712,11 @@ class LieRE(PositionEncoding):
     def rotate_by_hand(self, qk: torch.Tensor, coords: torch.Tensor, words: tuple[torch.Tensor, torch.Tensor]
                        ) -> torch.Tensor:
         """:meth:`rotate_block` through :class:`GeneratorRotation` (coordinates (T, p) shared by the batch, CPU),
-        with the layer's :meth:`layer_words`."""
+        with the layer's :meth:`layer_words`; tokens that share a ray from the origin share its exponential."""
         gains, taylor_words = words
         pos = coords.to(gains.dtype) * self.extent_scale.to(gains.dtype)
         span = self.num_blocks * self.block_size
-        rotated = GeneratorRotation.apply(qk[..., :span].to(gains.dtype), pos, taylor_words, gains)
+        rotated = GeneratorRotation.apply(qk[..., :span].to(gains.dtype), pos, taylor_words, gains, Rays.of(coords))
         if span < qk.shape[-1]:  # head dims beyond the last full block stay as they are
             rotated = torch.cat([rotated, qk[..., span:].to(gains.dtype)], dim=-1)
         return rotated.to(qk.dtype)
