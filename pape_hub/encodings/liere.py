@@ -371,8 +371,10 @@ class Rays(NamedTuple):
         return grad[: len(self.first)].transpose(0, 1).reshape(-1, b, b)
 
     def tokens(self, table: torch.Tensor) -> torch.Tensor:
-        """Each token's rotation from the :meth:`table`, (K, n, G, b, b) (a view of a gathered copy)."""
-        return table.index_select(0, self.take).transpose(0, 1)
+        """Each token's rotation from the :meth:`table`, (K, n, G, b, b), contiguous: gathered in the layout that
+        :meth:`LieRE.rotate` and :class:`GeneratorRotation` read (a transposed view made every cached layer's
+        rotate copy its rotations again: LieRE-8 at ViT-B/16 224 px, 4 forward kernels a layer against 3)."""
+        return table.transpose(0, 1).index_select(1, self.take)
 
     def exponentials(self, pos: torch.Tensor, words: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
         """Every token's rotation (K, n, G, b, b) from ``pos`` (n, p), the words and gains of :class:`RotationExp`,
