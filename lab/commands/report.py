@@ -463,16 +463,18 @@ _GPU_SAPE2_BIAS = "its content bias: some fifteen kernels per axis and layer"
 MISSED_BECAUSE = {
     ("infer_time", "cpu", "sape2"): _SAPE2_BIAS,
     ("infer_time", "cpu", "sape2_ape"): _SAPE2_BIAS,
-    ("infer_time", "cpu", "liere"): "a 64x64 matrix exponential per token, head and layer in every forward (its "
-    "rotations are over `CACHE_BYTES` at this size)",
+    ("infer_time", "cpu", "liere"): "a 64x64 matrix exponential per ray from the origin (61% of a grid's tokens; "
+    "the others one product each), head and layer in every forward (its rotations are over `CACHE_BYTES` at this "
+    "size)",
     ("train_time", "cpu", "liere8"): _EXPONENTIALS.format("8x8 blocks", "made, made again in backward and "
                                                           "differentiated") + "; a batch of 8x8 products costs per "
     "matrix more than its arithmetic, and the ratio moves with the machine: 1.41x in the run at `7da0dd2` (the 448 px "
     "section)",
-    ("train_time", "cpu", "liere"): _EXPONENTIALS.format("64x64 rotation", "made, made again in backward and "
-                                                         "differentiated") + "; what is left is their squarings, 7.8 "
-    "64x64 products a matrix in the forward and three times that in backward, about 1 TFLOP a step, bound by "
-    "arithmetic (the 448 px section)",
+    ("train_time", "cpu", "liere"): _EXPONENTIALS.format(
+        "64x64 rotation (one a ray from the origin: 61% of a grid's tokens; the others take one product each)",
+        "made, made again in backward and differentiated") + "; what is left is their squarings, 7.8 64x64 products a "
+    "matrix in the forward and three times that in backward, about 0.6 TFLOP a step, bound by arithmetic (the 448 px "
+    "section)",
     ("train_time", "cpu", "sape2"): _SAPE2_STEP,
     ("train_time", "cpu", "sape2_ape"): _SAPE2_STEP,
     ("train_memory", "cpu", "liere"): "the C allocator's heap between blocks of rotations: live tensors are 1.18x "
