@@ -351,10 +351,10 @@ class Rays(NamedTuple):
         """The primitive points' exponentials (K * R * G, b, b), in (K, R, G) order -> every multiple's rotation,
         (rows, K, G, b, b): the R rays' first, then each multiple g >= 2 of the rays that reach it, R(g p') =
         R((g - 1) p') R(p')."""
-        b = exp.shape[-1]
-        table = exp.new_empty(self.starts(heads * blocks)[-1] // (heads * blocks), heads, blocks, b, b)
+        b, starts = exp.shape[-1], self.starts(heads * blocks)
+        table = exp.new_empty(starts[-1] // (heads * blocks), heads, blocks, b, b)
         table[: len(self.first)] = exp.view(heads, -1, blocks, b, b).transpose(0, 1)
-        matrices, starts = table.view(-1, b, b), self.starts(heads * blocks)
+        matrices = table.view(-1, b, b)
         for before, at, stop in zip(starts, starts[1:], starts[2:]):  # the first rays' previous multiple, times R(p')
             torch.bmm(matrices[before : before + stop - at], matrices[: stop - at], out=matrices[at:stop])
         return table
@@ -653,9 +653,10 @@ class LieRE(PositionEncoding):
                     out[..., block, :] = self.rotate(qk[..., block, :], rotations(block))
             return out
         words = self.layer_words(layer, compute_dtype(coords)) if self.by_hand(coords) else None  # once a layer
-        blocks = token_blocks(coords, max(1, tokens * BLOCK_BYTES // size))
+        step = max(1, tokens * BLOCK_BYTES // size)
+        blocks = token_blocks(coords, step)
         order = torch.cat(blocks) if isinstance(blocks[0], torch.Tensor) else None  # whole rays: tokens by ray
-        sizes = [len(range(tokens)[block]) if isinstance(block, slice) else len(block) for block in blocks]
+        sizes = step if order is None else [len(block) for block in blocks]  # runs of ``step`` tokens, or the rays'
         parts = (qk if order is None else qk.index_select(-2, order)).split(sizes, dim=-2)  # one gather: one scatter
         sorted_coords = (coords if order is None else coords[order]).split(sizes, dim=-2)  # back in backward
         rotated = []
