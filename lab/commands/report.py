@@ -442,13 +442,14 @@ GOAL_ROWS = [
     ("infer_time", "inference time at 448 px against timm's ViT-B/16", "bench_vit_b16_448{}.json", "448"),
 ]
 _SAPE2_BIAS = ("its bias depends on content: per layer both axes' (B, heads, N, N) distances and their square roots, "
-               "then attention reads it as a mask; the ratio moves with the machine (the 448 px section)")
+               "then attention reads it as a mask; the ratio moves with the machine (the 448 px bench; SaPE²'s "
+               "bias on CPU)")
 _EXPONENTIALS = ("matrix exponentials of every token's {}, per head and layer, {} each step (the paper's code makes "
                  "every layer's too, by torch's `matrix_exp` and its backward, and then uses layer 0's in every layer)")
 _SAPE2_STEP = ("per layer both axes' (B, heads, N, N) distances, a block of query rows at a time, made in the forward, "
                "made again in backward and differentiated by hand: matrix products and square roots about as much as "
                "attention's own, and attention by hand: no CPU kernel in torch 2.14 returns a bias's gradient; the "
-               "ratio moves with the machine: 1.42x and 1.46x in the run at `7da0dd2` (the 448 px section)")
+               "ratio moves with the machine: 1.42x and 1.46x in the run at `7da0dd2` (the training step at 448 px)")
 _GPU_BLOCKS = "4 MB blocks of rotations on a GPU, for time: 2 MB blocks reach 1.51x and take 1.5x as long"
 _GPU_SAPE2_MEMORY = "a few hundredths over: under autocast its distances run in float32"
 _GPU_LAUNCHES = ("eager, a few kernels more per layer on a forward of a few milliseconds: the H200 waits on their "
@@ -468,13 +469,13 @@ MISSED_BECAUSE = {
     "size)",
     ("train_time", "cpu", "liere8"): _EXPONENTIALS.format("8x8 blocks", "made, made again in backward and "
                                                           "differentiated") + "; a batch of 8x8 products costs per "
-    "matrix more than its arithmetic, and the ratio moves with the machine: 1.41x in the run at `7da0dd2` (the 448 px "
-    "section)",
+    "matrix more than its arithmetic, and the ratio moves with the machine: 1.41x in the run at `7da0dd2` (the "
+    "training step at 448 px)",
     ("train_time", "cpu", "liere"): _EXPONENTIALS.format(
         "64x64 rotation (one a ray from the origin: 61% of a grid's tokens; the others take one product each)",
         "made, made again in backward and differentiated") + "; what is left is their squarings, 7.8 64x64 products a "
-    "matrix in the forward and three times that in backward, about 0.6 TFLOP a step, bound by arithmetic (the 448 px "
-    "section)",
+    "matrix in the forward and three times that in backward, about 0.6 TFLOP a step, bound by arithmetic (the training "
+    "step at 448 px)",
     ("train_time", "cpu", "sape2"): _SAPE2_STEP,
     ("train_time", "cpu", "sape2_ape"): _SAPE2_STEP,
     ("train_memory", "cpu", "liere"): "the C allocator's heap between blocks of rotations: live tensors are 1.18x "
