@@ -507,6 +507,45 @@ def test_liere_blocks_of_per_sample_tokens_rotate_each_distinct_coordinate_once_
             torch.testing.assert_close(out[i], model(image[None])[0], rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("encoding", ["vit_t4_liere", "vit_t4_liere8"])
+def test_liere_keeps_a_naflex_batchs_cell_rotations_across_forwards(encoding, monkeypatch):
+    """Per-token coordinates key no cache, but whole ones (NaFlex's patch indices) name cells: without gradients LieRE
+    takes their rotations from a table of the cells of a rectangle that holds them, kept across forwards. One table a
+    layer; a batch inside the rectangle makes no exponential, a larger one grows it once; the logits are each image's
+    alone and the path's without the table (float64). The controls: a parameter change makes the table again and
+    moves the logits; free or negative coordinates and gradients take no table."""
+    model = perturbed(encoding).eval()
+    enc, depth = model.pos_encoding, len(model.blocks)
+    calls = []
+    rotation_exp = liere.rotation_exp
+    monkeypatch.setattr(liere, "rotation_exp", lambda *args: calls.append(1) or rotation_exp(*args))
+    images = [torch.randn(3, 32, 48, dtype=torch.float64), torch.randn(3, 40, 40, dtype=torch.float64)]
+    small, large = naflex_batch([torch.randn(3, 24, 20, dtype=torch.float64)]), naflex_batch(images)
+    with torch.no_grad():
+        out_small = model(small)
+        assert len(calls) == depth  # one table a layer
+        out = model(large)  # outside the rectangle: it grows, once
+        assert len(calls) == 2 * depth
+        torch.testing.assert_close(model(small), out_small, rtol=0, atol=1e-12)  # the grown table's, to rounding
+        assert len(calls) == 2 * depth  # inside it: no exponential
+        for i, image in enumerate(images):
+            torch.testing.assert_close(out[i], model(image[None])[0], rtol=0, atol=1e-10)
+        monkeypatch.setattr(liere, "CACHE_BYTES", 0)  # no table: each forward makes its distinct coordinates'
+        calls.clear()
+        torch.testing.assert_close(model(large), out, rtol=0, atol=1e-12)
+        assert calls
+        monkeypatch.setattr(liere, "CACHE_BYTES", 256 << 20)
+        enc.generators.mul_(1.1)  # the control: the table is made again from the new generators
+        calls.clear()
+        moved = model(large)
+        assert len(calls) == depth and (moved - out).abs().max() > 1e-3
+    whole = torch.tensor([[[0.0, 0.0], [2.0, 1.0]]], dtype=torch.float64)
+    with torch.no_grad():
+        assert enc.cell_rotations(whole) is not None
+        assert enc.cell_rotations(whole + 0.5) is None and enc.cell_rotations(whole - 1) is None
+    assert enc.cell_rotations(whole) is None  # with gradients the rotations carry the generators' graph
+
+
 def test_liere_inference_blocks_are_whole_rays(monkeypatch):
     """Without gradients on a large grid LieRE rotates blocks of whole rays from the origin (:class:`liere.Rays`), so
     that each ray's tokens take their rotations from one exponential: a Taylor polynomial per ray, not per token, and

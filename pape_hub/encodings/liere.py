@@ -512,6 +512,28 @@ def take_rotations(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return table.index_select(-4, index.reshape(-1)).unflatten(-4, index.shape).movedim(-5, -6)
 
 
+class CellRotations(NamedTuple):
+    """Every layer's rotations of the whole cells of a rectangle that holds a batch's per-sample coordinates (a NaFlex
+    batch's patch indices), and each token's cell. Per-token coordinates change with every batch, so they key no
+    cache, but their cells do: the cells' rotations are kept across forwards (:meth:`LieRE.cell_rotations`), and each
+    layer's tokens gather theirs."""
+
+    tables: tuple[torch.Tensor, ...]  #: per layer (H, cells, G, b, b)
+    index: torch.Tensor  #: (B, T) each token's cell
+
+    def layer(self, layer: int, block: slice = slice(None)) -> torch.Tensor:
+        """``layer``'s rotations of the tokens ``block`` of every sample: (B, H, tokens, G, b, b)."""
+        return take_rotations(self.tables[layer], self.index[:, block])
+
+
+def cell_grid(extent: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """The whole cells [0, extent_d) per axis of a rectangle, (cells, p) in ``like``'s dtype and device, the first axis
+    fastest: cell x is at sum_d x_d prod(extent[:d])."""
+    axes = torch.meshgrid(*(torch.arange(e, dtype=like.dtype, device=like.device) for e in reversed(extent)),
+                          indexing="ij")  # the last axis slowest
+    return torch.stack([axis.reshape(-1) for axis in reversed(axes)], -1)
+
+
 @register_encoding("liere", block_size=None)
 @register_encoding("liere8", block_size=8)
 class LieRE(PositionEncoding):
@@ -532,6 +554,7 @@ class LieRE(PositionEncoding):
         self.init_scale = init_scale
         self.generators = nn.Parameter(torch.empty(shape))
         self.register_buffer("extent_scale", torch.empty(ctx.ndim))  # 1 / (training grid extent - 1) per axis
+        self._cell_extent: tuple[int, ...] = ()  # the largest rectangle of cells a batch has needed (cell_rotations)
         self.reset_parameters()
 
     @torch.no_grad()
@@ -573,17 +596,72 @@ class LieRE(PositionEncoding):
         reference's zero generator), so every token is rotated by one einsum with no slicing."""
         return torch.nn.functional.pad(pos.coords, (0, 0, pos.num_prefix_tokens, 0))
 
-    def prepare(self, pos: TokenPositions) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+    def prepare(self, pos: TokenPositions
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | CellRotations | None]:
         """(token coordinates, each layer's rotations). While gradients flow into the generators the rotations are
         left to :meth:`transform_qk`, one layer at a time: the backward of one all-layer ``matrix_exp`` would hold
-        every layer's intermediates at once (over 10 GB for dense LieRE at ViT-B/16)."""
+        every layer's intermediates at once (over 10 GB for dense LieRE at ViT-B/16). Per-sample whole coordinates
+        (NaFlex's patch indices) without gradients take their cells' rotations, kept across forwards
+        (:meth:`cell_rotations`)."""
+        coords = self.token_coordinates(pos)
+        cells = self.cell_rotations(coords) if pos.per_sample else None
+        if cells is not None:
+            return coords, cells
         if self.trains_generators() or torch.compiler.is_compiling() \
                 or self.layer_bytes(pos) * self.ctx.depth > CACHE_BYTES:
             # compiled: no Python cache inside a graph (and no graph break, so fullgraph=True holds); each layer's
             # matrix_exp is part of the graph and recomputed per call. Large grids: every layer's rotations would
             # hold more than CACHE_BYTES, so each layer makes its own, a block of tokens at a time
-            return self.token_coordinates(pos), None
-        return self.token_coordinates(pos), self._cached_rotations(pos)
+            return coords, None
+        return coords, self._cached_rotations(pos)
+
+    def cell_rotations(self, coords: torch.Tensor) -> CellRotations | None:
+        """Per-sample coordinates (B, T, p) rotated from the whole cells of a rectangle that holds them: every layer's
+        rotations of those cells made once and kept across forwards (:meth:`cached`: a parameter change makes them
+        again) while they take at most CACHE_BYTES. The rectangle grows to the largest a batch has needed, so that a
+        loader's batches share one table. None with gradients (the rotations then carry the generators' graph),
+        compiled, over that bound, or where a coordinate is not a whole, non-negative number (free tokens)."""
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or coords.ndim != 3 or coords.numel() == 0:
+            return None
+        whole = coords.round()
+        if not torch.equal(whole, coords) or bool((whole < 0).any()):
+            return None
+        needed = tuple(int(v) + 1 for v in whole.flatten(0, 1).amax(0).tolist())  # cells per axis
+        itemsize = compute_dtype(coords).itemsize
+
+        def fits(extent: tuple[int, ...]) -> bool:
+            return self.rotations_bytes(math.prod(extent), itemsize) * self.ctx.depth <= CACHE_BYTES
+
+        grown = tuple(map(max, needed, self._cell_extent)) if len(self._cell_extent) == len(needed) else needed
+        extent = grown if fits(grown) else needed
+        if not fits(extent):
+            return None
+        self._cell_extent = extent
+        working = autocast_dtype(coords.device)
+
+        def build() -> tuple[torch.Tensor, ...]:
+            with full_precision(coords.device):
+                cells = cell_grid(extent, coords)
+                tables = [self.rotations(cells, layer) for layer in range(self.ctx.depth)]  # (H, cells, G, b, b)
+            return tuple(table.to(working or table.dtype) for table in tables)
+
+        strides = torch.tensor([math.prod(extent[:d]) for d in range(len(extent))], device=coords.device)
+        tables = self.cached(("cells", extent, coords.device, coords.dtype, working), build, depends_on_params=True)
+        return CellRotations(tables, (whole.long() * strides).sum(-1))
+
+    def rotate_cells(self, qk: torch.Tensor, cells: CellRotations, layer: int) -> torch.Tensor:
+        """Queries and keys rotated by their cells' rotations of ``layer`` (no gradients): at once where the tokens'
+        rotations take at most STATE_BYTES, else BLOCK_BYTES of them at a time, each block written into the output."""
+        batch, tokens = cells.index.shape
+        size = self.rotations_bytes(batch * tokens, cells.tables[layer].element_size())
+        if size <= STATE_BYTES:
+            return self.rotate(qk, cells.layer(layer))
+        out = torch.empty_like(qk)
+        step = max(1, tokens * BLOCK_BYTES // size)
+        for start in range(0, tokens, step):
+            block = slice(start, start + step)
+            out[..., block, :] = self.rotate(qk[..., block, :], cells.layer(layer, block))
+        return out
 
     def rotations_bytes(self, positions: int, itemsize: int = 4) -> int:
         """What one layer's rotations of ``positions`` token positions take: (positions, H, G, b, b) elements."""
@@ -626,6 +704,8 @@ class LieRE(PositionEncoding):
 
     def transform_qk(self, layer: int, qk: torch.Tensor, x: torch.Tensor, state: Any) -> torch.Tensor:
         coords, all_layers = state
+        if isinstance(all_layers, CellRotations):
+            return self.rotate_cells(qk, all_layers, layer)
         if all_layers is not None:
             return self.rotate(qk, all_layers[layer])
         tokens = coords.shape[-2]
