@@ -368,24 +368,25 @@ class PositionEncoding(nn.Module):
         """Names (relative to this module) of parameters to exclude from weight decay."""
         return set()
 
-    def cached(self, key: Any, build: Callable[[], Any], depends_on_params: bool = False) -> Any:
+    def cached(self, key: Any, build: Callable[[], Any], depends_on_params: bool = False, slot: str = "grid") -> Any:
         """Build once per key. The key carries the version counters of the encoding's parameters and buffers, so
         an optimizer step or a weight load (which writes them in place) invalidates the entry. State built from
         learned parameters (``depends_on_params``) is not cached while gradients can flow into them. A key of None
-        (per-token coordinates, which change with every batch) builds every time."""
+        (per-token coordinates, which change with every batch) builds every time. One entry per ``slot``: a model is
+        usually run at one resolution at a time, and entries can be large; a second kind of state (LieRE's cells of
+        NaFlex batches) takes a slot of its own, so that batches of either kind do not evict the other's."""
         if key is None or torch.compiler.is_compiling():  # compiled graphs fold the build in; no Python cache
             return build()
         if depends_on_params and torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             return build()
         tensors = [*self.parameters(), *self.buffers()]
         # tensors made under inference_mode cannot enter autograd later: keep the two kinds apart
-        key = (key, torch.is_inference_mode_enabled(), tuple(t._version for t in tensors),
+        key = (slot, key, torch.is_inference_mode_enabled(), tuple(t._version for t in tensors),
                tuple(t.data_ptr() for t in tensors))
         hit = self._cache.get(key)
         if hit is None:
             hit = build()
-            # one entry: a model is usually run at one resolution at a time, and entries can be large
-            self._cache = {key: hit}
+            self._cache = {k: v for k, v in self._cache.items() if k[0] != slot} | {key: hit}
         return hit
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001 - nn.Module's signature

@@ -48,11 +48,12 @@ from .registry import register_encoding
 
 __all__ = ["BLOCK_BYTES", "CACHE_BYTES", "INFERENCE_BLOCK_BYTES", "LieRE", "rotation_exp", "skew_symmetric"]
 
-#: every layer's rotations are cached across forwards (at inference, per grid) while together they take at most this
-#: many bytes (they cost a matrix_exp per token, head and block to remake); above, each layer makes its own in every
-#: forward: memory flat, time several-fold. The line is a trade-off the goals pull both ways on: LieRE-8 at ViT-S/16
-#: 896 px needs 462 MB to stay cached (5x a plain ViT's peak), dense LieRE at ViT-B/16 224 px 465 MB (without it, 3.3x
-#: timm's ViT-B time). Raise it where time matters more than memory
+#: every layer's rotations are cached across forwards (at inference, per grid; and, beside them, per rectangle of a
+#: NaFlex batch's cells: :meth:`LieRE.cell_rotations`) while together they take at most this many bytes each (they
+#: cost a matrix_exp per token, head and block to remake); above, each layer makes its own in every forward: memory
+#: flat, time several-fold. The line is a trade-off the goals pull both ways on: LieRE-8 at ViT-S/16 896 px needs 462
+#: MB to stay cached (5x a plain ViT's peak), dense LieRE at ViT-B/16 224 px 465 MB (without it, 3.3x timm's ViT-B
+#: time). Raise it where time matters more than memory
 CACHE_BYTES = 256 << 20
 #: rotations made at a time on a large grid in training, each block through :class:`GeneratorRotation` (one grid on
 #: CPU) or checkpointed (matrix_exp's temporaries are several times as large)
@@ -646,7 +647,8 @@ class LieRE(PositionEncoding):
             return tuple(table.to(working or table.dtype) for table in tables)
 
         strides = torch.tensor([math.prod(extent[:d]) for d in range(len(extent))], device=coords.device)
-        tables = self.cached(("cells", extent, coords.device, coords.dtype, working), build, depends_on_params=True)
+        key = (extent, coords.device, coords.dtype, working)
+        tables = self.cached(key, build, depends_on_params=True, slot="cells")  # beside a grid's rotations
         return CellRotations(tables, (whole.long() * strides).sum(-1))
 
     def rotate_cells(self, qk: torch.Tensor, cells: CellRotations, layer: int) -> torch.Tensor:
