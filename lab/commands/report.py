@@ -442,8 +442,8 @@ GOAL_ROWS = [
     ("infer_time", "inference time at 448 px against timm's ViT-B/16", "bench_vit_b16_448{}.json", "448"),
 ]
 _SAPE2_BIAS = ("its bias depends on content: per layer both axes' (B, heads, N, N) distances and their square roots, "
-               "then attention reads it as a mask; the ratio moves with the machine (the 448 px bench; SaPE²'s "
-               "bias on CPU)")
+               "then attention reads it as a mask; the ratio moves with the machine (the 448 px bench; the "
+               "content-dependent bias on CPU)")
 _EXPONENTIALS = ("matrix exponentials of every token's {}, per head and layer, {} each step (the paper's code makes "
                  "every layer's too, by torch's `matrix_exp` and its backward, and then uses layer 0's in every layer)")
 _SAPE2_STEP = ("per layer both axes' (B, heads, N, N) distances, a block of query rows at a time, made in the forward, "
