@@ -289,14 +289,20 @@ class RotationExp(torch.autograd.Function):
         return None, exp_backward(taylor, lambda index, powers, counts: flat.index_select(0, index)), None
 
 
+def whole_coordinates(coords: torch.Tensor) -> torch.Tensor | None:
+    """``coords`` as int64 where every coordinate is a whole number (a grid's, NaFlex's patch indices); else None
+    (free tokens, interpolated grids). Rays from the origin and tables of cells both need them."""
+    whole = coords.round()
+    return whole.long() if torch.equal(whole, coords) else None
+
+
 def ray_of_tokens(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(n, p) coordinates -> each token's ray from the origin (n,), an index, and its whole multiple g >= 1 along it
     (n,): the token is g p' for its ray's primitive point p' (whole coordinates with greatest common divisor 1; the
     origin is a ray of its own). None where a coordinate is not a whole number (free tokens, interpolated grids)."""
-    whole = coords.round()
-    if coords.ndim != 2 or not torch.equal(whole, coords):
+    whole = whole_coordinates(coords) if coords.ndim == 2 else None
+    if whole is None:
         return None
-    whole = whole.long()
     multiple = whole[:, 0].abs()
     for d in range(1, whole.shape[1]):
         multiple = torch.gcd(multiple, whole[:, d])  # non-negative
@@ -626,8 +632,8 @@ class LieRE(PositionEncoding):
         compiled, over that bound, or where a coordinate is not a whole, non-negative number (free tokens)."""
         if torch.is_grad_enabled() or torch.compiler.is_compiling() or coords.ndim != 3 or coords.numel() == 0:
             return None
-        whole = coords.round()
-        if not torch.equal(whole, coords) or bool((whole < 0).any()):
+        whole = whole_coordinates(coords)
+        if whole is None or bool((whole < 0).any()):
             return None
         needed = tuple(int(v) + 1 for v in whole.flatten(0, 1).amax(0).tolist())  # cells per axis
         itemsize = compute_dtype(coords).itemsize
@@ -651,20 +657,26 @@ class LieRE(PositionEncoding):
         strides = torch.tensor([math.prod(extent[:d]) for d in range(len(extent))], device=coords.device)
         key = (extent, coords.device, coords.dtype, working)
         tables = self.cached(key, build, depends_on_params=True, slot="cells")  # beside a grid's rotations
-        return CellRotations(tables, (whole.long() * strides).sum(-1))
+        return CellRotations(tables, (whole * strides).sum(-1))
 
-    def rotate_cells(self, qk: torch.Tensor, cells: CellRotations, layer: int) -> torch.Tensor:
+    def rotate_cells(self, qk: torch.Tensor, coords: torch.Tensor, cells: CellRotations, layer: int) -> torch.Tensor:
         """Queries and keys rotated by their cells' rotations of ``layer`` (no gradients): at once where the tokens'
-        rotations take at most STATE_BYTES, else BLOCK_BYTES of them at a time, each block written into the output."""
+        rotations take at most STATE_BYTES, else BLOCK_BYTES of them at a time (:meth:`rotate_in_blocks`)."""
         batch, tokens = cells.index.shape
         size = self.rotations_bytes(batch * tokens, cells.tables[layer].element_size())
         if size <= STATE_BYTES:
             return self.rotate(qk, cells.layer(layer), heads_first=True)
+        blocks = token_blocks(coords, max(1, tokens * BLOCK_BYTES // size))
+        return self.rotate_in_blocks(qk, blocks, functools.partial(cells.layer, layer), heads_first=True)
+
+    def rotate_in_blocks(self, qk: torch.Tensor, blocks: list[slice] | list[torch.Tensor],
+                         rotations: Callable[[slice | torch.Tensor], torch.Tensor], heads_first: bool = False
+                         ) -> torch.Tensor:
+        """Without gradients, ``qk`` rotated a block of tokens at a time, each block's ``rotations(block)`` used and
+        written straight into the output: nothing but the output outlives a block."""
         out = torch.empty_like(qk)
-        step = max(1, tokens * BLOCK_BYTES // size)
-        for start in range(0, tokens, step):
-            block = slice(start, start + step)
-            out[..., block, :] = self.rotate(qk[..., block, :], cells.layer(layer, block), heads_first=True)
+        for block in blocks:
+            out[..., block, :] = self.rotate(qk[..., block, :], rotations(block), heads_first)
         return out
 
     def rotations_bytes(self, positions: int, itemsize: int = 4) -> int:
@@ -717,7 +729,7 @@ class LieRE(PositionEncoding):
     def transform_qk(self, layer: int, qk: torch.Tensor, x: torch.Tensor, state: Any) -> torch.Tensor:
         coords, all_layers = state
         if isinstance(all_layers, CellRotations):
-            return self.rotate_cells(qk, all_layers, layer)
+            return self.rotate_cells(qk, coords, all_layers, layer)
         if all_layers is not None:
             return self.rotate(qk, all_layers[layer])
         tokens = coords.shape[-2]
@@ -737,13 +749,10 @@ class LieRE(PositionEncoding):
             return self.rotate_block(qk, coords, layer)
         # a large grid: the rotations of a block of tokens, used and dropped; in training each block's are made again
         # in backward, so the exponentials' intermediates never cover every token
-        if not torch.is_grad_enabled():  # each block straight into the output: nothing but the output outlives a block
-            out = torch.empty_like(qk)
+        if not torch.is_grad_enabled():
             with full_precision(coords.device):
                 rotations, block_bytes = self.block_rotations(coords, layer)
-                for block in token_blocks(coords, max(1, tokens * block_bytes // size)):
-                    out[..., block, :] = self.rotate(qk[..., block, :], rotations(block))
-            return out
+                return self.rotate_in_blocks(qk, token_blocks(coords, max(1, tokens * block_bytes // size)), rotations)
         words = self.layer_words(layer, compute_dtype(coords)) if self.by_hand(coords) else None  # once a layer
         step = max(1, tokens * BLOCK_BYTES // size)
         blocks = token_blocks(coords, step)
