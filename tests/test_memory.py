@@ -58,7 +58,7 @@ def test_blockwise_bias_attention_is_the_whole_bias(encoding, by_hand, monkeypat
     if not by_hand:
         monkeypatch.setattr(attention, "bias_gradient_by_hand", lambda q, dropout: False)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
-    monkeypatch.setattr(attention, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
+    monkeypatch.setattr(base, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
     monkeypatch.setattr(attention, "BY_HAND_BLOCK_ROWS", 7)
     if encoding.startswith("sape2"):
         from pape_hub.encodings import sape2
@@ -93,7 +93,7 @@ def test_sape2s_whole_bias_in_blocks_of_rows_is_the_whole_bias(encoding, monkeyp
 
 def test_sape2s_bias_rows_in_blocks_over_three_axes(monkeypatch):
     """The same for a video grid's three distance terms, with two prefix tokens: the first block holds both; every
-    row of three (batch, head) pairs a chunk, of the four."""
+    row of two (batch, head) pairs a chunk, of the four."""
     from helpers import make_encoding, random_qkx
 
     from pape_hub.encodings import sape2
@@ -105,7 +105,7 @@ def test_sape2s_bias_rows_in_blocks_over_three_axes(monkeypatch):
     with torch.no_grad():
         whole = enc.attn_bias(0, q, k, state).clone()  # the next call with this state overwrites it (SaPE2State)
         assert q.shape[0] * q.shape[1] == 4
-        monkeypatch.setattr(sape2, "IN_PLACE_ROWS_BYTES", 8 * 24 * 24 * 3)  # 3 pairs' 24 rows, then 1 pair's
+        monkeypatch.setattr(sape2, "IN_PLACE_ROWS_BYTES", 8 * 24 * 24 * 3)  # 3 pairs' 24 rows at most: 2 and 2
         torch.testing.assert_close(enc.attn_bias(0, q, k, state), whole, rtol=0, atol=0)
     assert whole[..., :2, :].eq(0).all() and whole[..., :2].eq(0).all() and whole[..., 2:, 2:].gt(0).any()
 
@@ -142,7 +142,7 @@ def test_sape2s_blocks_share_one_memory_on_cpu_inference(monkeypatch):
     model = perturbed("vit_t4_sape2").eval()
     x = torch.randn(2, 3, 40, 48, dtype=torch.float64)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
-    monkeypatch.setattr(attention, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
+    monkeypatch.setattr(base, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
     made, held = [], []
     distance_rows = sape2.SaPE2.distance_rows
 
@@ -215,10 +215,11 @@ def test_sape2s_block_is_made_after_its_distances_where_not_in_place(in_place, m
 
 def test_sape2s_in_place_distances_are_matrix_products_of_one_pairs_rows(monkeypatch):
     """Without gradients SaPE²'s distances are written a chunk of :data:`IN_PLACE_ROWS_BYTES` at a time: rows of one
-    (batch, head) pair, as many as fit. Chunks of rows across every pair held a single row once one row of (B, H, 1, N)
-    outgrew the chunk (ViT-B/16, 1024 px, batch 8: 1.5 MB of 2 MB), so that every matmul was a matrix-vector product,
-    12x slower. Here one row across the 4 pairs is 3,840 bytes of a 8,640 byte chunk: 9 rows of one pair, then the
-    rest."""
+    (batch, head) pair, as many as fit, split evenly. Chunks of rows across every pair held a single row once one row
+    of (B, H, 1, N) outgrew the chunk (ViT-B/16, 1024 px, batch 8: 1.5 MB of 2 MB), so that every matmul was a
+    matrix-vector product, 12x slower; and a short last chunk costs nearly a full one (ViT-B/16 448 px: 668 rows, then
+    116). Here one row across the 4 pairs is 3,840 bytes of a 12,480 byte chunk: 13 rows of one pair at most, so ten
+    chunks of 12 rows (not nine of 13 and one of 3)."""
     from helpers import make_encoding, random_qkx
 
     from pape_hub.encodings import sape2
@@ -227,14 +228,14 @@ def test_sape2s_in_place_distances_are_matrix_products_of_one_pairs_rows(monkeyp
     enc = make_encoding("sape2", grid=grid, num_prefix=1)
     q, k, _ = random_qkx(1 + 120)
     state = enc.prepare(base.grid_positions(grid, 1, dtype=torch.float64))
-    monkeypatch.setattr(sape2, "IN_PLACE_ROWS_BYTES", 8 * 120 * 9)
+    monkeypatch.setattr(sape2, "IN_PLACE_ROWS_BYTES", 8 * 120 * 13)
     with torch.no_grad():
         whole = enc.attn_bias_rows(0, q, k, state)(0, 121).clone()
         rows = enc.attn_bias_rows(0, q, k, state)
         ops = ops_of(lambda: rows(0, 121))
     products = [shape for op, shape in ops if op in ("aten.bmm", "aten.mm", "aten.matmul")]
-    assert sorted(set(products)) == [(1, 3, 120), (1, 9, 120)]  # (pairs, rows, N): 13 chunks of 9 rows, then 3
-    assert len(products) == 2 * 4 * 14  # two axes, four pairs
+    assert sorted(set(products)) == [(1, 12, 120)]  # (pairs, rows, N)
+    assert len(products) == 2 * 4 * 10  # two axes, four pairs, ten chunks
     monkeypatch.setattr(sape2, "IN_PLACE_ROWS_BYTES", 2 << 20)  # one chunk: the same values, but for rounding on the
     # diagonal, where the distance is the square root of |a|^2 - 2 a.a + |a|^2's rounding (cdist's too) in any chunks
     torch.testing.assert_close(whole, enc.attn_bias_rows(0, q, k, state)(0, 121), rtol=0, atol=1e-8)
@@ -250,7 +251,7 @@ def test_blockwise_attention_writes_each_block_into_the_layers_output_without_gr
     x = torch.randn(2, 3, 40, 48, dtype=torch.float64)
     monkeypatch.setattr(attention, "bias_gradient_by_hand", lambda q, dropout: False)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
-    monkeypatch.setattr(attention, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
+    monkeypatch.setattr(base, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
     with torch.set_grad_enabled(grad):
         ops = ops_of(lambda: model(x))
         written = model(x)
@@ -431,7 +432,7 @@ def test_blockwise_attention_with_padding_gives_each_image_its_own_logits(encodi
     images = [torch.randn(3, 32, 48, dtype=torch.float64), torch.randn(3, 40, 40, dtype=torch.float64)]
     batch = naflex_batch(images)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
-    monkeypatch.setattr(attention, "BLOCK_ROWS", 9)
+    monkeypatch.setattr(base, "BLOCK_ROWS", 9)
     with torch.no_grad():
         out = model(batch)
         for i, image in enumerate(images):

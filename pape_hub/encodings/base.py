@@ -28,6 +28,7 @@ padded one its own, a packed row each image's own.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -40,7 +41,7 @@ from torch import nn
 __all__ = [
     "BLOCKWISE_FROM", "BLOCK_ROWS", "STATE_BYTES", "BiasCoords", "BiasRows", "BiasRowsByHand", "EncodingContext",
     "PositionEncoding", "TokenPositions", "autocast_dtype", "blockwise", "compute_dtype", "full_precision",
-    "grid_positions", "pad_prefix_bias",
+    "grid_positions", "pad_prefix_bias", "row_blocks",
 ]
 
 
@@ -188,6 +189,14 @@ BLOCK_ROWS = 128
 #: per-forward state shared by every layer (rotary tables, PaPE's projected positions) is kept for all layers at once
 #: only while it stays under this many bytes; above it each layer makes its own, which costs a few elementwise kernels
 STATE_BYTES = 32 << 20
+
+
+def row_blocks(num_rows: int, most: int | None = None, even: bool = False) -> list[tuple[int, int]]:
+    """(start, stop) of each block of ``most`` rows (default :data:`BLOCK_ROWS`, query rows of attention), the last one
+    shorter; ``even``: as few blocks, of one size but the last, shorter by less than a block's count."""
+    most = BLOCK_ROWS if most is None else most
+    size = math.ceil(num_rows / math.ceil(num_rows / most)) if even and num_rows else most
+    return [(start, min(start + size, num_rows)) for start in range(0, num_rows, size)]
 
 
 def blockwise(num_tokens: int, batch_heads: int = 0) -> bool:

@@ -33,7 +33,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .absolute import AddsLearnedTable
-from .base import BiasRows, EncodingContext, PositionEncoding, TokenPositions
+from .base import BiasRows, EncodingContext, PositionEncoding, TokenPositions, row_blocks
 from .registry import register_encoding
 
 __all__ = ["SaPE2", "SaPE2State"]
@@ -148,11 +148,15 @@ LINE_BLOCK_ELEMENTS = 1 << 18
 #: each block would cost kernel launches: one block
 CPU_ROW_BLOCK_BYTES = 8 << 20
 #: bytes of one chunk of distances per axis where they are written in place (CPU, no gradients: :class:`SaPE2State`):
-#: the forward's distance memories stay this small, and a chunk stays in a core's cache between its matmul, its square
-#: root and the sum. A chunk is query rows of one (batch, head) pair first, then of a few pairs: chunks of rows across
-#: every pair held one row each at ViT-B/16, 1024 px, batch 8 (a (8, 12, 1, 4096) row is 1.5 MB), so each matmul was a
-#: matrix-vector product, 12x slower than 128 rows of one pair (docs/speed.md)
-IN_PLACE_ROWS_BYTES = 2 << 20
+#: the forward's distance memories stay this small. A chunk is query rows of one (batch, head) pair first, then of a few
+#: pairs: chunks of rows across every pair held one row each at ViT-B/16, 1024 px, batch 8 (a (8, 12, 1, 4096) row is
+#: 1.5 MB), so each matmul was a matrix-vector product, 12x slower than 128 rows of one pair. Chunks split the rows and
+#: the pairs evenly (:func:`~pape_hub.encodings.base.row_blocks`), and hold a whole pair where one fits: each chunk
+#: costs its kernels' start (a 116-row product with a (30, 784) factor took 73 us, a 784-row one 225 us). ViT-B/16 448
+#: px, batch 2, a layer's bias over 25 interleaved rounds (ad hoc, docs/speed.md): 2 MB chunks of 668 and 116 rows took
+#: 1.28x as long as these 4 MB ones (one pair's 784 rows), 1.06x while the machine was quiet and 1.4x while it was busy;
+#: chunks of three pairs (8 MB) 1.25x, out of the cache
+IN_PLACE_ROWS_BYTES = 4 << 20
 
 
 #: torch.cdist's matmul form (``use_mm_for_euclid_dist_if_necessary``) from this many points on a side; below it takes
@@ -338,25 +342,25 @@ def in_place_distance_sums(target: torch.Tensor, keys_of_axes: list[torch.Tensor
                            state: SaPE2State, first: int, last: int) -> None:
     """``target`` (B * H, last - first, N), scratch, becomes the sum over axes of the distances of patch rows
     ``first:last`` to every patch, a chunk of :data:`IN_PLACE_ROWS_BYTES` at a time: rows of one (batch, head) pair (a
-    matrix product's rows), then as many pairs as fit. From each axis's keys' side (B * H, N, L + 2) where given (the
-    queries' side of the rows made once: a fraction (L + 2) / N of the rows; made per chunk it cost 5% of a forward at
-    ViT-B/16 448 px in small kernels), else from the SaPE vectors (B, H, N, L); the distances into ``state``'s
-    memories."""
+    matrix product's rows), then as many pairs as fit, both split evenly. From each axis's keys' side (B * H, N, L + 2)
+    where given (the queries' side of the rows made once: a fraction (L + 2) / N of the rows; made per chunk it cost 5%
+    of a forward at ViT-B/16 448 px in small kernels), else from the SaPE vectors (B, H, N, L); the distances into
+    ``state``'s memories."""
     pairs_total, _, N = target.shape
     row_bytes = N * target.element_size()
-    step = max(1, min(last - first, IN_PLACE_ROWS_BYTES // row_bytes))
-    pair_step = max(1, IN_PLACE_ROWS_BYTES // (step * row_bytes))
+    row_spans = row_blocks(last - first, max(1, IN_PLACE_ROWS_BYTES // row_bytes), even=True)  # among these rows
+    rows_most = row_spans[0][1] - row_spans[0][0]
+    pair_spans = row_blocks(pairs_total, max(1, IN_PLACE_ROWS_BYTES // (rows_most * row_bytes)), even=True)
     queries = [gram_queries(keys[:, first:last]) for keys in keys_of_axes]  # (B * H, last - first, L + 2)
-    for pair in range(0, pairs_total, pair_step):
-        pairs = slice(pair, min(pair + pair_step, pairs_total))
-        for at in range(first, last, step):
-            upto = min(at + step, last)
+    flat = [v.flatten(0, 1) for v in vectors]  # (B * H, N, L)
+    for pairs in (slice(*span) for span in pair_spans):
+        for at, upto in row_spans:
             terms = [gram_distances_into(
                 state.scratch(f"distances{axis}", keys, (pairs.stop - pairs.start, upto - at, N)),
-                queries[axis][pairs, at - first : upto - first], keys[pairs].mT)
+                queries[axis][pairs, at:upto], keys[pairs].mT)
                 for axis, keys in enumerate(keys_of_axes)] if keys_of_axes else \
-                [pairwise_l2(v.flatten(0, 1)[pairs, at:upto], v.flatten(0, 1)[pairs]) for v in vectors]
-            sum_into(target[pairs, at - first : upto - first], terms, in_place=True)
+                [pairwise_l2(v[pairs, first + at : first + upto], v[pairs]) for v in flat]
+            sum_into(target[pairs, at:upto], terms, in_place=True)
 
 
 def writes_in_place(t: torch.Tensor) -> bool:

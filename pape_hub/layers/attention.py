@@ -6,7 +6,6 @@ and its per-forward state at call time and calls its hooks for this layer.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -17,7 +16,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
-from ..encodings.base import BLOCK_ROWS, BiasRows, BiasRowsByHand, PositionEncoding, blockwise
+from ..encodings.base import BiasRows, BiasRowsByHand, PositionEncoding, blockwise, row_blocks
 
 __all__ = ["BlockState", "PositionalAttention", "PositionalBlock", "encoding_attn_bias", "encoding_transform_qk"]
 
@@ -95,14 +94,6 @@ def encoding_bias_blocks(encoding: PositionEncoding, layer: int, q: torch.Tensor
 #: backward: 212 ms in blocks of 128 rows and one of 17, 197 ms in nine of 88; 205 ms in blocks of about 64, 224 ms
 #: of 32)
 BY_HAND_BLOCK_ROWS = 96
-
-
-def row_blocks(num_rows: int, most: int | None = None, even: bool = False) -> list[tuple[int, int]]:
-    """(start, stop) of each block of ``most`` (default :data:`BLOCK_ROWS`) query rows, the last one shorter; ``even``:
-    as few blocks, of one size but the last, shorter by less than a block's count."""
-    most = BLOCK_ROWS if most is None else most
-    size = math.ceil(num_rows / math.ceil(num_rows / most)) if even and num_rows else most
-    return [(start, min(start + size, num_rows)) for start in range(0, num_rows, size)]
 
 
 class BlockwiseBiasAttention(torch.autograd.Function):
