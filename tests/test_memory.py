@@ -107,6 +107,8 @@ def test_sape2s_bias_rows_in_blocks_over_three_axes(monkeypatch):
         assert q.shape[0] * q.shape[1] == 4
         monkeypatch.setattr(sape2, "IN_PLACE_ROWS_BYTES", 8 * 24 * 24 * 3)  # 3 pairs' 24 rows at most: 2 and 2
         torch.testing.assert_close(enc.attn_bias(0, q, k, state), whole, rtol=0, atol=0)
+        prefix_rows = enc.attn_bias_rows(0, q, k, state)(0, 1)  # a block of a prefix row alone
+        assert prefix_rows.shape == (2, 2, 1, 26) and prefix_rows.eq(0).all()
     assert whole[..., :2, :].eq(0).all() and whole[..., :2].eq(0).all() and whole[..., 2:, 2:].gt(0).any()
 
 

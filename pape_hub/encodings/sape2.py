@@ -347,6 +347,8 @@ def in_place_distance_sums(target: torch.Tensor, keys_of_axes: list[torch.Tensor
     of a forward at ViT-B/16 448 px in small kernels), else from the SaPE vectors (B, H, N, L); the distances into
     ``state``'s memories."""
     pairs_total, _, N = target.shape
+    if last <= first or not pairs_total:  # a block of prefix rows alone: nothing to write
+        return
     row_bytes = N * target.element_size()
     row_spans = row_blocks(last - first, max(1, IN_PLACE_ROWS_BYTES // row_bytes), even=True)  # among these rows
     rows_most = row_spans[0][1] - row_spans[0][0]
