@@ -43,6 +43,7 @@ from .base import (
     autocast_dtype,
     compute_dtype,
     full_precision,
+    grid_positions,
 )
 from .registry import register_encoding
 
@@ -535,14 +536,6 @@ class CellRotations(NamedTuple):
         return self.tables[layer].index_select(1, index.reshape(-1)).unflatten(1, index.shape)
 
 
-def cell_grid(extent: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-    """The whole cells [0, extent_d) per axis of a rectangle, (cells, p) in ``like``'s dtype and device, the first axis
-    fastest: cell x is at sum_d x_d prod(extent[:d])."""
-    axes = torch.meshgrid(*(torch.arange(e, dtype=like.dtype, device=like.device) for e in reversed(extent)),
-                          indexing="ij")  # the last axis slowest
-    return torch.stack([axis.reshape(-1) for axis in reversed(axes)], -1)
-
-
 @register_encoding("liere", block_size=None)
 @register_encoding("liere8", block_size=8)
 class LieRE(PositionEncoding):
@@ -650,7 +643,8 @@ class LieRE(PositionEncoding):
 
         def build() -> tuple[torch.Tensor, ...]:
             with full_precision(coords.device):
-                cells = cell_grid(extent, coords)
+                # the rectangle's whole cells (cells, p), the first axis fastest: cell x at sum_d x_d prod(extent[:d])
+                cells = grid_positions(extent[::-1], 0, device=coords.device, dtype=coords.dtype).coords
                 tables = [self.rotations(cells, layer) for layer in range(self.ctx.depth)]  # (H, cells, G, b, b)
             return tuple(table.to(working or table.dtype) for table in tables)
 
