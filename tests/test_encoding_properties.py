@@ -455,6 +455,54 @@ def test_sape2_bias_is_symmetric_content_dependent_and_handles_other_grids():
         assert (other - bias).abs().max() > 1e-6
 
 
+def literal_sape2_bias(q, k, tables, grid, scale, keys_at_or_after=True):
+    """SaPE^2's eqs. 9-16 (key mode) written out with loops over the rows and columns of a (rows, cols) grid of patch
+    tokens: gates g_ij = sigmoid(q_i . k_j / sqrt(d)) along the token's row (x) or column (y); p_im = the sum of g_ij
+    over the keys at or after m (``keys_at_or_after=False``: before m, the control), clamped to npos - 1; z_i[p] = k_i .
+    e[p], linearly interpolated between floor(p_im) and ceil(p_im); bias_in = (||SaPE_x[i] - SaPE_x[n]|| +
+    ||SaPE_y[i] - SaPE_y[n]||) / sqrt(d). (B, H, N, d) -> (B, H, N, N)."""
+    rows, cols = grid
+    index = torch.arange(rows * cols).reshape(rows, cols)
+    bias = torch.zeros(*q.shape[:2], rows * cols, rows * cols, dtype=q.dtype)
+    for table, lines in ((tables[0], index), (tables[1], index.T)):  # x: along each row; y: along each column
+        npos = table.shape[-1]
+        vectors = torch.zeros(*q.shape[:2], rows * cols, lines.shape[1], dtype=q.dtype)
+        for line in lines:
+            for i in line.tolist():
+                gates = torch.sigmoid((q[:, :, [i]] * k[:, :, line]).sum(-1) * scale)  # (B, H, L)
+                for m in range(len(line)):
+                    taken = gates[..., m:] if keys_at_or_after else gates[..., :m]
+                    p = taken.sum(-1).clamp(max=npos - 1)
+                    low, high = p.floor(), p.ceil()
+                    z = k[:, :, i] @ table  # (B, H, npos)
+                    z_low, z_high = (z.gather(-1, t.long()[..., None])[..., 0] for t in (low, high))
+                    vectors[:, :, i, m] = z_low * (1 - (p - low)) + z_high * (p - low)
+        bias += torch.cdist(vectors, vectors)
+    return bias * scale
+
+
+def test_sape2_bias_is_the_papers_equations_written_out():
+    """The bias equals eqs. 9-16 written out with loops, in float64, on a non-square grid with a class token, position
+    tables far from their init (std 1, not 0.02: at init the logits are near zero and every position looks alike) and
+    queries and keys scaled up (gates away from 1/2), on a grid where sums of gates pass npos - 1 (the clamp). The
+    control, the sum over the keys before m instead of at or after it, differs."""
+    grid, train_grid = (4, 6), (3, 4)  # npos 5: rows of 6 gates sum past 4
+    enc = make_encoding("sape2", grid=train_grid, num_prefix=1)
+    with torch.no_grad():
+        enc.pos_emb.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(3))
+    pos = grid_positions(grid, 1, dtype=torch.float64)
+    q, k, _ = random_qkx(1 + 24)
+    q, k = q * 3, k * 3
+    layer, scale = 1, enc.ctx.head_dim**-0.5
+    bias = enc.attn_bias(layer, q, k, enc.prepare(pos))
+    tables = enc.pos_emb[layer].detach()
+    expected = literal_sape2_bias(q[:, :, 1:], k[:, :, 1:], tables, grid, scale)
+    torch.testing.assert_close(bias[:, :, 1:, 1:], expected, rtol=1e-9, atol=1e-9)
+    assert bias[:, :, 0].abs().max() == 0 and bias[:, :, :, 0].abs().max() == 0  # CLS: no bias
+    control = literal_sape2_bias(q[:, :, 1:], k[:, :, 1:], tables, grid, scale, keys_at_or_after=False)
+    assert (control - expected).abs().max() > 1e-3
+
+
 def test_sape2_gradients_are_finite():
     enc = make_encoding("sape2", grid=(3, 3), num_prefix=1)
     pos = grid_positions((3, 3), 1, dtype=torch.float64)

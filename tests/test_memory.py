@@ -391,12 +391,16 @@ def test_sape2s_contextual_position_logits_by_hand_are_autograds(key_mode):
     grad = torch.randn(2, 3, 5, 7, 7, dtype=torch.float64)
     ours = sape2.contextual_position_logits(q, k, table, 0.35, key_mode, present, inside)
     assert ours.grad_fn.name() == "ContextualPositionLogitsBackward"
-    theirs = sape2.LineTerms.of(q, k, table, 0.35, key_mode, present).interpolated(inside)
+
+    def terms() -> sape2.LineTerms:  # autograd through every term
+        return sape2.LineTerms.from_products(sape2.line_gates(q, k, 0.35), (k if key_mode else q) @ table, present)
+
+    theirs = terms().interpolated(inside)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
     ours_grads = torch.autograd.grad(ours, (q, k, table), grad)
     for name, a, b in zip(("q", "k", "table"), ours_grads, torch.autograd.grad(theirs, (q, k, table), grad)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=name)
-    control = sape2.LineTerms.of(q, k, table, 0.35, key_mode, present).interpolated(None)
+    control = terms().interpolated(None)
     assert not torch.allclose(torch.autograd.grad(control, q, grad)[0], ours_grads[0], atol=1e-6)
 
 

@@ -39,81 +39,111 @@ from .registry import register_encoding
 __all__ = ["SaPE2", "SaPE2State"]
 
 
-class LineTerms(NamedTuple):
-    """The terms of :func:`contextual_position_logits` for lines (..., L, d) of queries and keys (eqs. 9-15)."""
+def line_gates(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """Eq. 9's gates sigmoid(q_i . k_j * scale) of lines (..., L, d) of queries and keys: (..., L_i, L_j), one batched
+    product over the lines (the lines are copied once where they are not contiguous; torch.matmul copied the keys a
+    second time, transposed)."""
+    L, d = q.shape[-2:]
+    scores = torch.bmm(q.reshape(-1, L, d), k.reshape(-1, L, d).mT)  # (lines, L, L)
+    return scores.mul_(scale).sigmoid_().view(*q.shape[:-1], L)
 
-    gates: torch.Tensor  # sigmoid(q k^T / sqrt(d)), (..., L_i, L_j), before the ``present`` mask
+
+def keys_at_or_after(length: int, like: torch.Tensor) -> torch.Tensor:
+    """(L_j, L_m) ones where j >= m: gates (..., L_i, L_j) times it sum, for each m, the gates of the keys at or after
+    m (eq. 10) in one matrix product, where a reverse cumulative sum flipped the (..., L, L) gates twice."""
+    return torch.ones(length, length, dtype=like.dtype, device=like.device).tril_()
+
+
+class LineTerms(NamedTuple):
+    """The terms of eqs. 9-15 for lines of queries and keys. Eq. 13's interpolation is taken as z[floor] + frac *
+    (z[floor + 1] - z[floor]): one gather fewer than z[floor] (1 - frac) + z[ceil] frac, and one pass."""
+
+    gates: torch.Tensor  # (..., L_i, L_j) from :func:`line_gates`, before the ``present`` mask
     positions: torch.Tensor  # p_im = sum_{j >= m} g_ij (masked gates), not yet clamped to npos - 1
     logits: torch.Tensor  # z_i[p] at integer p, (..., L, npos)
-    floor: torch.Tensor  # (..., L, L) int64: the integer positions each side of the clamped p_im
-    ceil: torch.Tensor
+    steps: torch.Tensor  # z_i[p + 1] - z_i[p], zero at the last p, (..., L, npos)
+    floor: torch.Tensor  # (..., L, L) int64: the integer position at or below the clamped p_im
     frac: torch.Tensor  # clamped p_im - floor
-    lower: torch.Tensor  # z_i[floor], z_i[ceil]
-    upper: torch.Tensor
 
     @classmethod
-    def of(cls, q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, scale: float, key_mode: bool,
-           present: torch.Tensor | None) -> LineTerms:
-        gates = torch.sigmoid((q @ k.transpose(-1, -2)) * scale)  # (..., L_i, L_j)
-        return cls.from_products(gates, (k if key_mode else q) @ emb, present)  # z_i[p] at integer p: (..., L, npos)
-
-    @classmethod
-    def from_products(cls, gates: torch.Tensor, logits: torch.Tensor, present: torch.Tensor | None) -> LineTerms:
-        """The terms from the gates and the logits at integer positions (the two matrix products)."""
-        masked = gates if present is None else gates * present[..., None, :].to(gates.dtype)
-        positions = masked.flip(-1).cumsum(-1).flip(-1)  # p_im = sum_{j >= m} g_ij
-        pos = positions.clamp(max=logits.shape[-1] - 1)
-        # indices from a NaN-free copy: a NaN input then stays NaN in its own sample (through frac), as it does in
+    def from_products(cls, gates: torch.Tensor, logits: torch.Tensor, present: torch.Tensor | None,
+                      in_place: bool = False) -> LineTerms:
+        """The terms from the gates and the logits at integer positions (the two matrix products). ``in_place``
+        (nothing differentiated): each term is written over the one before, so that ``gates`` holds its masked gates
+        and ``positions`` holds ``frac``; only :meth:`interpolated` may follow."""
+        if present is not None:
+            mask = present[..., None, :].to(gates.dtype)
+            gates = gates.mul_(mask) if in_place else gates * mask
+        positions = gates @ keys_at_or_after(gates.shape[-1], gates)
+        last = logits.shape[-1] - 1
+        pos = positions.clamp_(max=last) if in_place else positions.clamp(max=last)
+        floor = pos.detach().floor()
+        frac = pos.sub_(floor) if in_place else pos - floor
+        # indices from a NaN-free floor: a NaN input then stays NaN in its own sample (through frac), as it does in
         # every other encoding, instead of becoming an out-of-range index that fails the whole batch
-        index = pos.detach().nan_to_num(0.0)
-        floor = index.floor()
-        floor_index, ceil_index = floor.long(), index.ceil().long()
-        return cls(gates, positions, logits, floor_index, ceil_index, pos - floor, logits.gather(-1, floor_index),
-                   logits.gather(-1, ceil_index))
+        index = floor.nan_to_num_(0.0).long()
+        steps = torch.zeros_like(logits)
+        steps[..., :-1] = logits[..., 1:] - logits[..., :-1]
+        return cls(gates, positions, logits, steps, index, frac)
 
-    def interpolated(self, inside: torch.Tensor | None) -> torch.Tensor:
+    def interpolated(self, inside: torch.Tensor | None, in_place: bool = False) -> torch.Tensor:
         """The logit at each fractional position, (..., L_i, L_m); zero past the sample's own grid (``inside``)."""
-        out = self.upper * self.frac + self.lower * (1 - self.frac)
-        return out if inside is None else out * inside[..., None, :].to(out.dtype)
+        lower, slope = self.logits.gather(-1, self.floor), self.steps.gather(-1, self.floor)
+        out = lower.addcmul_(self.frac, slope) if in_place else torch.addcmul(lower, self.frac, slope)
+        if inside is None:
+            return out
+        mask = inside[..., None, :].to(out.dtype)
+        return out.mul_(mask) if in_place else out * mask
 
 
 class ContextualPositionLogits(torch.autograd.Function):
-    """:func:`contextual_position_logits` with its backward by hand. It saves the lines' queries and keys and its two
-    matrix products (the gates, (..., L, L), and the logits at integer positions, (..., L, npos)) and makes its other
-    terms again in backward (:class:`LineTerms`): autograd kept some ten (..., L, L) tensors per axis and layer, so
-    training checkpointed the vectors, which then were made twice and differentiated (ViT-S/16 448 px, batch 4, a
-    layer's vectors forward and backward: 35-40 ms checkpointed, 21-23 ms through autograd holding every term,
-    23-24 ms by hand)."""
+    """:class:`LineTerms`' interpolated logits with their backward by hand: q, k (..., L, d) and the logits at integer
+    positions (..., L, npos) -> (..., L, L). It saves the lines' queries and keys and the two matrix products (the
+    gates, (..., L, L), and the logits) and makes the other terms again in backward: autograd kept some ten (..., L, L)
+    tensors per axis and layer, so training checkpointed the vectors, which then were made twice and differentiated
+    (ViT-S/16 448 px, batch 4, a layer's vectors forward and backward: 35-40 ms checkpointed, 21-23 ms through autograd
+    holding every term, 23-24 ms by hand). The logits' own product (u @ emb) is autograd's."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, scale: float, key_mode: bool,
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, logits: torch.Tensor, scale: float,
                 present: torch.Tensor | None, inside: torch.Tensor | None) -> torch.Tensor:
-        terms = LineTerms.of(q, k, emb, scale, key_mode, present)
-        ctx.scale, ctx.key_mode = scale, key_mode
-        ctx.save_for_backward(q, k, emb, terms.gates, terms.logits, present, inside)
-        return terms.interpolated(inside)
+        gates = line_gates(q, k, scale)
+        ctx.scale = scale
+        ctx.save_for_backward(q, k, gates, logits, present, inside)
+        return LineTerms.from_products(gates, logits, present).interpolated(inside, in_place=True)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, emb, gates, logits, present, inside = ctx.saved_tensors
+        q, k, gates, logits, present, inside = ctx.saved_tensors
         terms = LineTerms.from_products(gates, logits, present)
         if inside is not None:
             grad = grad * inside[..., None, :].to(grad.dtype)
-        # out = upper frac + lower (1 - frac): the logits at floor and ceil gathered, frac from the positions
-        grad_logits = torch.zeros_like(terms.logits).scatter_add_(-1, terms.floor, grad * (1 - terms.frac))
-        grad_logits.scatter_add_(-1, terms.ceil, grad * terms.frac)
-        grad_pos = (grad * terms.upper).sub_(grad * terms.lower)
-        grad_pos.masked_fill_(~(terms.positions <= emb.shape[-1] - 1), 0.0)  # clamp(max=): none past it (nor NaN)
-        grad_gates = grad_pos.cumsum(-1)  # p_m = sum_{j >= m} g_j: g_j gets sum_{m <= j} of p_m's
+        # out = z[floor] + frac s[floor], s[p] = z[p + 1] - z[p] (the last s a constant 0): z[floor] gets grad, and
+        # s[floor] grad frac, which is z[p + 1]'s and minus z[p]'s
+        grad_steps = torch.zeros_like(logits).scatter_add_(-1, terms.floor, grad * terms.frac)[..., :-1]
+        grad_logits = torch.zeros_like(logits).scatter_add_(-1, terms.floor, grad)
+        grad_logits[..., :-1].sub_(grad_steps)
+        grad_logits[..., 1:].add_(grad_steps)
+        grad_pos = grad * terms.steps.gather(-1, terms.floor)
+        grad_pos.masked_fill_(~(terms.positions <= logits.shape[-1] - 1), 0.0)  # clamp(max=): none past it (nor NaN)
+        grad_gates = grad_pos @ keys_at_or_after(grad_pos.shape[-1], grad_pos).T  # g_j gets sum_{m <= j} of p_m's
         if present is not None:
             grad_gates.mul_(present[..., None, :].to(grad_gates.dtype))
         grad_scores = grad_gates.mul_(terms.gates).mul_(1 - terms.gates).mul_(ctx.scale)  # sigmoid, then the scale
-        grad_q, grad_k = grad_scores @ k, grad_scores.transpose(-1, -2) @ q
-        u = k if ctx.key_mode else q
-        (grad_k if ctx.key_mode else grad_q).add_(grad_logits @ emb.T)
-        grad_emb = u.reshape(-1, u.shape[-1]).T @ grad_logits.reshape(-1, grad_logits.shape[-1])
-        return grad_q, grad_k, grad_emb, None, None, None, None
+        return grad_scores @ k, grad_scores.transpose(-1, -2) @ q, grad_logits, None, None, None
+
+
+def line_vectors(q: torch.Tensor, k: torch.Tensor, logits: torch.Tensor, scale: float,
+                 present: torch.Tensor | None = None, inside: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`contextual_position_logits` from the logits at integer positions (..., L, npos), made beforehand. With
+    gradients (outside a compiled graph), :class:`ContextualPositionLogits`, its backward by hand; without, each term
+    written over the one before."""
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or logits.requires_grad)
+    if grad and not torch.compiler.is_compiling():
+        return ContextualPositionLogits.apply(q, k, logits, scale, present, inside)
+    terms = LineTerms.from_products(line_gates(q, k, scale), logits, present, in_place=not grad)
+    return terms.interpolated(inside, in_place=not grad)
 
 
 def contextual_position_logits(
@@ -126,12 +156,9 @@ def contextual_position_logits(
     the interpolated logit of every position m in its line. Per-token inputs scattered onto a grid mark which cells
     hold a token (``present``, (..., L): an empty cell gates nothing) and which positions lie inside the sample's own
     grid (``inside``, (..., L): a position past it has no logit, so that a padded sample scores as it does alone).
-    With gradients (outside a compiled graph), :class:`ContextualPositionLogits`, its backward by hand.
     """
-    if torch.is_grad_enabled() and not torch.compiler.is_compiling() and \
-            (q.requires_grad or k.requires_grad or emb.requires_grad):
-        return ContextualPositionLogits.apply(q, k, emb, scale, key_mode, present, inside)
-    return LineTerms.of(q, k, emb, scale, key_mode, present).interpolated(inside)
+    logits = (k if key_mode else q) @ emb  # z_i[p] at integer p: (..., L, npos)
+    return line_vectors(q, k, logits, scale, present, inside)
 
 
 #: elements of one block of lines' (B, heads, lines, L, L) gates on the blockwise path without gradients (no N x N bias
@@ -198,23 +225,23 @@ class SaPE2State:
             self.memory.pop(name, None)
 
 
-def lines_in_blocks(q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor, scale: float, key_mode: bool,
+def lines_in_blocks(q: torch.Tensor, k: torch.Tensor, logits: torch.Tensor, scale: float,
                     present: torch.Tensor | None, inside: torch.Tensor | None,
                     block_elements: int | None = None) -> torch.Tensor:
-    """:func:`contextual_position_logits` of every line, a block of at most ``block_elements`` gates at a time (all
-    at once for None; lines are independent): q, k (B, H, *others, L, d); present (B, 1, *others, L) and inside
-    (B, 1, *ones, L) as there. Returns (B, H, *others, L, L)."""
+    """:func:`line_vectors` of every line, a block of at most ``block_elements`` gates at a time (all at once for None;
+    lines are independent): q, k (B, H, *others, L, d) and the logits at integer positions (B, H, *others, L, npos);
+    present (B, 1, *others, L) and inside (B, 1, *ones, L) as there. Returns (B, H, *others, L, L)."""
     B, H, *others, L, _ = q.shape
     lines = math.prod(others)
     step = lines if block_elements is None else max(1, block_elements // max(1, B * H * L * L))
     if step >= lines:
-        return contextual_position_logits(q, k, emb, scale, key_mode, present, inside)
+        return line_vectors(q, k, logits, scale, present, inside)
     flat = lambda t: t.flatten(2, -3)  # noqa: E731 - (B, H|1, *others, L, ...) -> (B, H|1, lines, L, ...)
-    q, k = flat(q), flat(k)
+    q, k, logits = flat(q), flat(k), flat(logits)
     present = present.expand(B, 1, *others, L).flatten(2, -2) if present is not None else None
     inside = inside.expand(B, 1, *others, L).flatten(2, -2) if inside is not None else None
-    blocks = [contextual_position_logits(
-        q[:, :, i : i + step], k[:, :, i : i + step], emb, scale, key_mode,
+    blocks = [line_vectors(
+        q[:, :, i : i + step], k[:, :, i : i + step], logits[:, :, i : i + step], scale,
         present[:, :, i : i + step] if present is not None else None,
         inside[:, :, i : i + step] if inside is not None else None) for i in range(0, lines, step)]
     return torch.cat(blocks, dim=2).unflatten(2, tuple(others))
@@ -500,29 +527,27 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
 
     def distance_rows(self, vectors: list[torch.Tensor], state: SaPE2State
                       ) -> Callable[..., torch.Tensor] | BiasRows:
-        """Eq. 16 from every patch token's SaPE vectors ((B, H, N, L) per axis): rows ``start:stop`` of the bias,
-        (B, H, rows, P+N), the sum over axes of the distances, divided by sqrt(d) too (the vectors are scaled first:
-        ||s a - s b|| = s ||a - b||; :func:`bias_rows_of`). Prefix rows and columns get no bias. Rows are written into
-        ``out`` where given (a block of the whole bias), else into a block of their own. Where the vectors need
-        gradients, a :class:`BiasRows` of the scaled vectors, with their gradient by hand (:class:`DistanceRowsByHand`).
+        """Eq. 16 from every patch token's scaled SaPE vectors ((B, H, N, L) per axis, :meth:`sape_vectors`): rows
+        ``start:stop`` of the bias, (B, H, rows, P+N), the sum over axes of the distances (:func:`bias_rows_of`).
+        Prefix rows and columns get no bias. Rows are written into ``out`` where given (a block of the whole bias), else
+        into a block of their own. Where the vectors need gradients, a :class:`BiasRows` of the vectors, with their
+        gradient by hand (:class:`DistanceRowsByHand`).
         On CPU without gradients the blocks and their distances live in ``state``'s memories, and in float32 / float64
         the distances are cdist's matmul form with its keys' side made once per layer (:func:`gram_keys`): cdist's
         values, but for the rounding of a vector's distance to itself (0, the square root of rounding in this form),
         which moves with the chunks' sizes. There ``vectors`` is emptied, each axis's vectors dropped once its factor
         is made (the factor holds all the rows need; ViT-B/16, 1024 px, batch 8: 100 MB a tensor)."""
-        p, scale = self.ctx.num_prefix_tokens, self.ctx.head_dim**-0.5
+        p = self.ctx.num_prefix_tokens
         B, H, N, _ = vectors[0].shape
         if not writes_in_place(vectors[0]):
-            scaled = tuple(v * scale for v in vectors)
             rows_of = partial(bias_rows_of, prefix=p)
-            if any(v.requires_grad for v in scaled):  # rows a backward can make again from the vectors alone
-                return BiasRows(rows_of, scaled, partial(DistanceRowsByHand, prefix=p))
-            return lambda start, stop, out=None: rows_of(start, stop, *scaled, out=out)
+            if any(v.requires_grad for v in vectors):  # rows a backward can make again from the vectors alone
+                return BiasRows(rows_of, tuple(vectors), partial(DistanceRowsByHand, prefix=p))
+            return lambda start, stop, out=None: rows_of(start, stop, *vectors, out=out)
         gram = vectors[0].dtype in (torch.float32, torch.float64) and N >= CDIST_MM_FROM
         keys_of_axes: list[torch.Tensor] = []  # per axis (B * H, N, L + 2): the pairs flattened, as chunks take them
         while gram and vectors:
-            keys_of_axes.append(gram_keys(vectors.pop(0) * scale).flatten(0, 1))
-        vectors = [v * scale for v in vectors]  # none left where the factors were made
+            keys_of_axes.append(gram_keys(vectors.pop(0)).flatten(0, 1))
         like = keys_of_axes[0] if gram else vectors[0]
 
         def rows(start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -545,7 +570,9 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
     def sape_vectors(self, layer: int, q: torch.Tensor, k: torch.Tensor, state: SaPE2State,
                      line_block: int | None = None) -> list[torch.Tensor]:
         """Per axis (x, y(, t)), every patch token's SaPE vector: (B, H, N, L), the interpolated position logits of
-        the positions along its line (eqs. 9-15); the lines ``line_block`` gates at a time (:func:`lines_in_blocks`)."""
+        the positions along its line (eqs. 9-15), scaled by eq. 16's 1 / sqrt(d) (taken into the position-logit table,
+        as ||s a - s b|| = s ||a - b||: no pass over the vectors); the lines ``line_block`` gates at a time
+        (:func:`lines_in_blocks`)."""
         p, scale = self.ctx.num_prefix_tokens, self.ctx.head_dim**-0.5
         plan, grid = state.plan, tuple(state.grid)  # grid: (rows, cols) or (T, rows, cols)
         q, k = q[:, :, p:], k[:, :, p:]
@@ -553,17 +580,23 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
         if plan is not None:  # (B, H, N, d) -> (B, H, cells, d), each token at its cell
             q, k = (scatter_cells(t, plan) for t in (q, k))
             present = plan["present"].unflatten(1, grid)[:, None]  # (B, 1, *grid)
-        emb = self.pos_emb[layer].to(q.dtype)
-        q_grid, k_grid = q.unflatten(2, grid), k.unflatten(2, grid)  # (B, H, *grid, d)
-        nd, vectors = len(grid), []
+        else:  # copied once, for every axis: the products copied each axis's lines from attention's strided q and k
+            q, k = q.contiguous(), k.contiguous()
+        nd = len(grid)
+        emb = self.pos_emb[layer].to(q.dtype) * scale  # (nd, d, npos)
+        npos = emb.shape[-1]
+        logits = (k if self.key_mode else q) @ emb.permute(1, 0, 2).flatten(1)  # (B, H, cells, nd * npos): z_i[p]
+        q_grid, k_grid, logits_grid = (t.unflatten(2, grid) for t in (q, k, logits))  # (B, H, *grid, ...)
+        vectors = []
         for coord_axis in range(nd):  # x (along rows), y (along columns), t: coordinate order
             axis = 2 + nd - 1 - coord_axis  # its dimension in (B, H, *grid, d)
             last = 1 + nd  # the grid dimension next to d
             if plan is not None:  # (B, 1, *others, L) masks along this axis
                 inside = line_inside(plan["extent"][:, coord_axis], grid[axis - 2], nd, axis - 2)
                 inside = inside.movedim(axis, last)
+            axis_logits = logits_grid[..., coord_axis * npos : (coord_axis + 1) * npos]
             along = lines_in_blocks(
-                q_grid.movedim(axis, last), k_grid.movedim(axis, last), emb[coord_axis], scale, self.key_mode,
+                q_grid.movedim(axis, last), k_grid.movedim(axis, last), axis_logits.movedim(axis, last), scale,
                 present.movedim(axis, last) if present is not None else None, inside, line_block)  # (B, H, ..., L, L)
             sape = along.movedim(-2, axis).flatten(2, 1 + nd)  # (B, H, cells, L): query order restored
             if plan is not None:
