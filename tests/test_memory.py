@@ -375,6 +375,39 @@ def test_sape2s_distance_rows_by_hand_are_autograds_through_cdist():
     assert not torch.allclose(control[0], ours[0], atol=1e-6)
 
 
+def test_sape2s_token_logits_keep_the_strided_keys_and_give_matmuls_gradients():
+    """:class:`TokenLogits` (every axis's position logits in one product, in training) gives torch.matmul's values and
+    gradients in float64, and keeps attention's strided keys themselves for backward (no storage of their size beyond
+    theirs); the control: torch.matmul keeps a contiguous copy of them."""
+    from pape_hub.encodings import sape2
+
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 13, 3, 4, 8, dtype=torch.float64).permute(2, 0, 3, 1, 4)  # (3, B, H, T, d), as attention's
+    k = qkv[1].detach().requires_grad_()[:, :, 1:]  # strided, prefix dropped
+    emb = torch.randn(8, 10, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(2, 4, 12, 10, dtype=torch.float64)
+
+    def saved_storages(fn) -> set[int]:
+        seen = set()
+
+        def pack(t):
+            seen.add(t.untyped_storage().data_ptr())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = fn()
+        return out, seen
+
+    ours, ours_saved = saved_storages(lambda: sape2.token_logits(k, emb))
+    theirs, theirs_saved = saved_storages(lambda: k @ emb)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(ours, (k, emb), grad), torch.autograd.grad(theirs, (k, emb), grad)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    mine = {k.untyped_storage().data_ptr(), emb.untyped_storage().data_ptr()}
+    assert ours_saved <= mine
+    assert not theirs_saved <= mine  # the control: matmul's own copy of the keys
+
+
 @pytest.mark.parametrize("key_mode", [True, False])
 def test_sape2s_contextual_position_logits_by_hand_are_autograds(key_mode):
     """:class:`ContextualPositionLogits` (the gradient by hand, holding the gates and logits alone) gives the outputs
