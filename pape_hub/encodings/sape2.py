@@ -39,6 +39,11 @@ from .registry import register_encoding
 __all__ = ["SaPE2", "SaPE2State"]
 
 
+def differentiated(*tensors: torch.Tensor) -> bool:
+    """Whether autograd records an operation on ``tensors``: gradients are on and one of them requires them."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def line_gates(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     """Eq. 9's gates sigmoid(q_i . k_j * scale) of lines (..., L, d) of queries and keys: (..., L_i, L_j), one batched
     product over the lines (the lines are copied once where they are not contiguous; torch.matmul copied the keys a
@@ -157,7 +162,7 @@ class TokenLogits(torch.autograd.Function):
 def token_logits(u: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
     """Every token's position logits u @ emb (:class:`TokenLogits` where gradients are taken, outside a compiled
     graph)."""
-    if torch.is_grad_enabled() and (u.requires_grad or emb.requires_grad) and not torch.compiler.is_compiling():
+    if differentiated(u, emb) and not torch.compiler.is_compiling():
         return TokenLogits.apply(u, emb)
     return u @ emb
 
@@ -167,7 +172,7 @@ def line_vectors(q: torch.Tensor, k: torch.Tensor, logits: torch.Tensor, scale: 
     """:func:`contextual_position_logits` from the logits at integer positions (..., L, npos), made beforehand. With
     gradients (outside a compiled graph), :class:`ContextualPositionLogits`, its backward by hand; without, each term
     written over the one before."""
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or logits.requires_grad)
+    grad = differentiated(q, k, logits)
     if grad and not torch.compiler.is_compiling():
         return ContextualPositionLogits.apply(q, k, logits, scale, present, inside)
     terms = LineTerms.from_products(line_gates(q, k, scale), logits, present, in_place=not grad)
@@ -549,7 +554,7 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
         the forward's block memory, which the next block overwrites (:class:`SaPE2State`)."""
         # in training every line goes at once: with gradients the lines keep only their queries and keys for backward
         # (:class:`ContextualPositionLogits`), and blocks cost time
-        grad = torch.is_grad_enabled() and (q.requires_grad or self.pos_emb.requires_grad)
+        grad = differentiated(q, self.pos_emb)
         vectors = self.sape_vectors(layer, q, k, state, None if grad else LINE_BLOCK_ELEMENTS)
         return self.distance_rows(vectors, state)
 
@@ -608,7 +613,7 @@ class SaPE2(AddsLearnedTable, PositionEncoding):
         if plan is not None:  # (B, H, N, d) -> (B, H, cells, d), each token at its cell
             q, k = (scatter_cells(t, plan) for t in (q, k))
             present = plan["present"].unflatten(1, grid)[:, None]  # (B, 1, *grid)
-        elif not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
+        elif not differentiated(q, k):
             # copied once for every axis (the products copied each axis's lines from attention's strided q and k); not
             # with gradients, where the lines' products keep their inputs for backward: copies would be held beside
             # attention's own q and k (ViT-S/16 448 px, batch 4: 1,317 MB of live tensors at a step's peak, 1,196 MB
