@@ -387,7 +387,7 @@ def test_sape2s_token_logits_keep_the_strided_keys_and_give_matmuls_gradients():
     emb = torch.randn(8, 10, dtype=torch.float64, requires_grad=True)
     grad = torch.randn(2, 4, 12, 10, dtype=torch.float64)
 
-    def saved_storages(fn) -> set[int]:
+    def saved_storages(fn) -> tuple[torch.Tensor, set[int]]:
         seen = set()
 
         def pack(t):

@@ -40,8 +40,8 @@ from torch import nn
 
 __all__ = [
     "BLOCKWISE_FROM", "BLOCK_ROWS", "STATE_BYTES", "BiasCoords", "BiasRows", "BiasRowsByHand", "EncodingContext",
-    "PositionEncoding", "TokenPositions", "autocast_dtype", "blockwise", "compute_dtype", "full_precision",
-    "grid_positions", "pad_prefix_bias", "row_blocks",
+    "PositionEncoding", "TokenPositions", "autocast_dtype", "blockwise", "compute_dtype", "differentiated",
+    "full_precision", "grid_positions", "pad_prefix_bias", "row_blocks",
 ]
 
 
@@ -197,6 +197,11 @@ def row_blocks(num_rows: int, most: int | None = None, even: bool = False) -> li
     most = BLOCK_ROWS if most is None else most
     size = math.ceil(num_rows / math.ceil(num_rows / most)) if even and num_rows else most
     return [(start, min(start + size, num_rows)) for start in range(0, num_rows, size)]
+
+
+def differentiated(*tensors: torch.Tensor) -> bool:
+    """Whether autograd records an operation on ``tensors``: gradients are on and one of them requires them."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def blockwise(num_tokens: int, batch_heads: int = 0) -> bool:
@@ -386,7 +391,7 @@ class PositionEncoding(nn.Module):
         NaFlex batches) takes a slot of its own, so that batches of either kind do not evict the other's."""
         if key is None or torch.compiler.is_compiling():  # compiled graphs fold the build in; no Python cache
             return build()
-        if depends_on_params and torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+        if depends_on_params and differentiated(*self.parameters()):
             return build()
         tensors = [*self.parameters(), *self.buffers()]
         # tensors made under inference_mode cannot enter autograd later: keep the two kinds apart

@@ -42,6 +42,7 @@ from .base import (
     TokenPositions,
     autocast_dtype,
     compute_dtype,
+    differentiated,
     full_precision,
     grid_positions,
 )
@@ -794,7 +795,7 @@ class LieRE(PositionEncoding):
 
     def trains_generators(self) -> bool:
         """Whether autograd takes the generators' gradient through this call's rotations."""
-        return torch.is_grad_enabled() and self.generators.requires_grad
+        return differentiated(self.generators)
 
     @staticmethod
     def by_hand(coords: torch.Tensor) -> bool:

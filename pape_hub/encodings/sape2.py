@@ -33,15 +33,10 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .absolute import AddsLearnedTable
-from .base import BiasRows, EncodingContext, PositionEncoding, TokenPositions, row_blocks
+from .base import BiasRows, EncodingContext, PositionEncoding, TokenPositions, differentiated, row_blocks
 from .registry import register_encoding
 
 __all__ = ["SaPE2", "SaPE2State"]
-
-
-def differentiated(*tensors: torch.Tensor) -> bool:
-    """Whether autograd records an operation on ``tensors``: gradients are on and one of them requires them."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def line_gates(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
