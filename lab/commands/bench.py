@@ -31,6 +31,8 @@ from ..provenance import provenance
 
 STARTED = time.monotonic()  # --compile-budget counts from the start of the process
 TIMM_SIZE = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
+#: timm's own ViTs timed beside ours (:func:`build_models`; the rotary ones where timm has the size)
+TIMM_BASELINES = ("timm_ape", "timm_rope", "timm_rope_mixed")
 # (target, what it is compared with) per model key, whole-model inference time ratio; see issue "Speed"
 TARGETS: dict[str, tuple[float, str]] = {
     "pape": (1.20, "timm_ape"), "pape_m8": (1.10, "timm_ape"), "pape_ri": (1.10, "timm_ape"),
@@ -54,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated encodings left out of the training-step timing (dense LieRE: about a "
                              "minute per ViT-B step on 2 CPU cores, matrix_exp of every token's 64x64 rotation)")
     parser.add_argument("--train-group", type=int, default=4, help="models timed together in training (memory)")
+    parser.add_argument("--train-baseline", default="timm_ape",
+                        help="the model every training step is timed against, interleaved in each group (default "
+                        "timm's ViT; `ape`: the issue's training goal, x pape_hub's own learned APE)")
     parser.add_argument("--repeats", type=int, default=7, help="interleaved timing rounds")
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile(model) inference")
@@ -201,6 +206,9 @@ def run(args: argparse.Namespace) -> int:
     if flush:
         torch.set_flush_denormal(True)  # as pape-hub train does: subnormal floats are slow on CPU
     encodings = list_encodings() if args.encodings == "all" else args.encodings.split(",")
+    if args.train_batch_size and args.train_baseline not in (*TIMM_BASELINES, *encodings):
+        raise ValueError(f"--train-baseline {args.train_baseline!r} is not among the models timed: name one of "
+                         f"{', '.join((*TIMM_BASELINES, *encodings))}, or add it to --encodings")
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
@@ -216,7 +224,9 @@ def run(args: argparse.Namespace) -> int:
         for res in (int(r) for r in args.resolutions.split(",")):
             rows, run_failures = measure(size, res, encodings, args, device, dtype)
             failures += run_failures
-            report["runs"].append(dict(size=size, resolution=res, rows=rows))
+            report["runs"].append(dict(size=size, resolution=res, rows=rows, **(
+                dict(train_baseline=args.train_baseline, train_batch_size=args.train_batch_size)
+                if args.train_batch_size else {})))
             output.write_text(json.dumps(report, indent=2))  # after every run: a killed sweep keeps what it measured
             print_table(size, res, rows)
             gc.collect()
@@ -347,7 +357,9 @@ def warm_compile_cache(args: argparse.Namespace, device: torch.device, dtype: to
 
 def measure_training(models: dict[str, torch.nn.Module], rows: dict[str, dict[str, Any]], args: argparse.Namespace,
                      res: int, device: torch.device, autocast: Any, sync: Callable[[], Any]) -> None:
-    """Training-step times (AdamW) into ``rows``, each against the APE baseline timed in the same group."""
+    """Training-step times (AdamW) into ``rows``, each against ``--train-baseline`` timed in the same group: the median
+    step over the group's rounds, its ratio to the baseline's median, and each round's ratio (``train_round_ratios``:
+    both steps of one round, what the machine's drift between rounds leaves out)."""
     xt = torch.randn(args.train_batch_size, 3, res, res, device=device)
     yt = torch.randint(0, 1000, (args.train_batch_size,), device=device)
 
@@ -360,31 +372,33 @@ def measure_training(models: dict[str, torch.nn.Module], rows: dict[str, dict[st
             opt.zero_grad(set_to_none=True)
         return step
 
+    baseline = args.train_baseline
     # AdamW state for every model at once does not fit in memory (ViT-B: ~1 GB each), so models are timed in
-    # groups, each interleaved with the APE baseline; a ratio is against the baseline of its own group.
+    # groups, each interleaved with the baseline; a ratio is against the baseline of its own group.
     skip = set(filter(None, args.train_skip.split(",")))
-    others = [k for k in models if k != "timm_ape" and k not in skip]
+    others = [k for k in models if k != baseline and k not in skip]
     base_times: list[float] = []
     for start in range(0, len(others), args.train_group):
-        group = ["timm_ape", *others[start : start + args.train_group]]
+        group = [baseline, *others[start : start + args.train_group]]
         optimizers = {k: torch.optim.AdamW(models[k].parameters(), lr=1e-5) for k in group}
         for k in group:
             models[k].train()
         ttimes = interleaved({k: train(models[k], optimizers[k]) for k in group}, max(3, args.repeats // 2), 1, sync)
-        base = statistics.median(ttimes["timm_ape"])
+        base = statistics.median(ttimes[baseline])
         base_times.append(base)
         for key in group[1:]:
             med = statistics.median(ttimes[key])
-            rows[key].update(train_ms=med * 1e3, train_img_s=args.train_batch_size / med, train_ratio=med / base)
+            rows[key].update(train_ms=med * 1e3, train_img_s=args.train_batch_size / med, train_ratio=med / base,
+                             train_round_ratios=[t / b for t, b in zip(ttimes[key], ttimes[baseline])])
         del optimizers
         gc.collect()
     base = statistics.median(base_times)
-    rows["timm_ape"].update(train_ms=base * 1e3, train_img_s=args.train_batch_size / base, train_ratio=1.0)
+    rows[baseline].update(train_ms=base * 1e3, train_img_s=args.train_batch_size / base, train_ratio=1.0)
 
 
 def print_table(size: str, res: int, rows: dict[str, dict[str, Any]]) -> None:
     print(f"\nViT-{size.upper()}/16 @ {res}px")
-    header = (f"{'model':<16} {'infer ms':>9} {'img/s':>7} {'x APE':>6} {'train img/s':>11} {'x APE':>6} "
+    header = (f"{'model':<16} {'infer ms':>9} {'img/s':>7} {'x APE':>6} {'train img/s':>11} {'x base':>6} "
               f"{'compiled x':>10} {'cache MB':>8}  {'kernel':<14} target")
     print(header + "\n" + "-" * len(header))
     for key, r in rows.items():
