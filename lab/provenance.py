@@ -18,6 +18,7 @@ import hashlib
 import math
 import os
 import platform
+import shlex
 import sys
 import tempfile
 import time
@@ -299,14 +300,14 @@ def _close(a: float, b: float) -> bool:
 
 def provenance(kind: str, argv: list[str] | None = None, command: str | None = None) -> dict[str, Any]:
     """What a results file records about the run that wrote it (``command``: a script's own command line, else
-    ``python -m lab`` with ``argv``)."""
+    ``python -m lab`` with ``argv``, quoted as a shell reads it: an empty argument stays one)."""
     import timm
     import torch
 
     values = behaviour(kind)
     return dict(kind=kind, behaviour_fingerprint=behaviour_digest(values), behaviour=encode_behaviour(values),
                 commit=os.environ.get("PAPE_HUB_LAB_COMMIT") or git_commit(),  # set where the tree travels without .git
-                command=command or "python -m lab " + " ".join(argv if argv is not None else sys.argv[1:]),
+                command=command or "python -m lab " + shlex.join(argv if argv is not None else sys.argv[1:]),
                 date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), python=platform.python_version(),
                 torch=torch.__version__, timm=timm.__version__, machine=f"{platform.machine()}, "
                 f"{torch.get_num_threads()} torch threads", cpu=cpu_description())

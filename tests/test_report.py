@@ -5,12 +5,14 @@ re-runs. The behaviour probes themselves are tested here: deterministic, and the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from lab.commands.report import BLOCKS, WIDTH, check, pages, render
 
@@ -305,6 +307,60 @@ def test_the_goals_block_names_every_miss_and_why_or_that_it_is_not_explained(tm
     assert f"`liere` 7.00x: {because}" in time_row and "`none` 1.60x: not explained" in time_row
     assert "`liere8` 1.70x: " + MISSED_BECAUSE[("train_time", "cpu", "liere8")] in time_row
     assert "`rope` 1.10x" in infer_row and infer_row.endswith("none: met |") and "timm_rope" not in infer_row
+
+
+def test_the_training_time_goal_reads_the_in_process_bench_where_there_is_one(tmp_path):
+    """The training-time goal takes ``lab bench --train-baseline ape``'s ratios (each step timed against `ape`'s in
+    one process) over ``lab memory --train``'s (fresh processes), and names the file it read; a bench timed against
+    another baseline is refused by name (the control: its ratios would read as met against the wrong model)."""
+    from lab.commands.report import bench_block, goals_block
+
+    provenance = {"commit": "0123456789abcdef"}
+    ratio = lambda memory, time: {"448": {"memory": memory, "time": time}}  # noqa: E731
+    train = {"provenance": provenance, "ratios": {"ape": ratio(1.0, 1.0), "sape2": ratio(1.2, 1.8)}}
+    rows = {"timm_ape": {"infer_ms": 10.0, "train_ratio": 0.9, "train_round_ratios": [0.9, 0.95, 0.85]},
+            "ape": {"infer_ms": 10.0, "train_ratio": 1.0},
+            "sape2": {"infer_ms": 13.0, "train_ratio": 1.45, "train_round_ratios": [1.4, 1.45, 1.6]}}
+    bench = {"provenance": provenance, "device": "CPU", "dtype": "torch.float32", "batch_size": 2, "repeats": 6,
+             "runs": [{"size": "s", "resolution": 448, "rows": rows, "train_baseline": "ape", "train_batch_size": 4}]}
+    (tmp_path / "memory_train_vit_s16_448_cpu.json").write_text(json.dumps(train))
+    (tmp_path / "bench_vit_s16_448_train_cpu.json").write_text(json.dumps(bench))
+    time_row = next(line for line in goals_block(tmp_path).splitlines() if line.startswith("| the same: time"))
+    assert "`bench_vit_s16_448_train_cpu.json`" in time_row and "`sape2` 1.45x" in time_row
+    assert time_row.endswith("none: met |") and "timm_ape" not in time_row
+    table = bench_block(tmp_path, "bench_vit_s16_448_train_cpu.json")
+    assert "train step × `ape`" in table and "| 1.450 (1.40-1.60) |" in table and "against its steps" in table
+    bench["runs"][0]["train_baseline"] = "timm_ape"
+    (tmp_path / "bench_vit_s16_448_train_cpu.json").write_text(json.dumps(bench))
+    with pytest.raises(ValueError, match="--train-baseline ape"):
+        goals_block(tmp_path)
+
+
+def test_the_bench_times_training_against_the_baseline_named(monkeypatch):
+    """``lab bench --train-baseline K``: every group of models is timed with K, each round's ratio is kept, and K's own
+    ratio is 1; a baseline not among the models is refused before anything is timed."""
+    import argparse
+
+    from lab.commands import bench
+
+    class Tiny(torch.nn.Sequential):
+        def __init__(self) -> None:
+            super().__init__(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 1000))
+
+    models = {key: Tiny() for key in ("timm_ape", "ape", "alibi", "rope", "sape2")}
+    rows: dict = {key: {} for key in models}
+    args = argparse.Namespace(train_batch_size=2, train_baseline="ape", train_skip="", train_group=2, repeats=6)
+    groups = []
+    timed = bench.interleaved
+    monkeypatch.setattr(bench, "interleaved", lambda fns, *a: groups.append(list(fns)) or timed(fns, *a))
+    bench.measure_training(models, rows, args, 4, torch.device("cpu"), contextlib.nullcontext(), lambda: None)
+    assert groups == [["ape", "timm_ape", "alibi"], ["ape", "rope", "sape2"]]
+    assert rows["ape"]["train_ratio"] == 1.0 and "train_round_ratios" not in rows["ape"]
+    assert all(len(rows[key]["train_round_ratios"]) == 3 for key in ("timm_ape", "alibi", "rope", "sape2"))
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    with pytest.raises(ValueError, match="--train-baseline 'nope'"):
+        bench.run(parser.parse_args(["--encodings", "ape", "--train-baseline", "nope"]))
 
 
 def test_the_memory_probe_interleaves_rounds_and_keeps_medians(tmp_path, monkeypatch):

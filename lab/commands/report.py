@@ -130,7 +130,9 @@ def bench_block(results: Path, name: str) -> str:
         base = rows["timm_ape"]
         has_train = any("train_ratio" in r for r in rows.values())
         has_compile = any("compile_speedup" in r for r in rows.values())
-        head = ["model", "inference ms", "× timm APE", "target"] + (["train step × APE"] if has_train else []) + \
+        train_base = run.get("train_baseline", "timm_ape")
+        train_head = "train step × APE" if train_base == "timm_ape" else f"train step × `{train_base}`"
+        head = ["model", "inference ms", "× timm APE", "target"] + ([train_head] if has_train else []) + \
             (["compiled: speed-up; × compiled timm APE"] if has_compile else []) + ["SDPA kernel"]
         lines = [f"ViT-{run['size'].upper()}/16 at {run['resolution']} px:", "",
                  "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
@@ -140,7 +142,7 @@ def bench_block(results: Path, name: str) -> str:
                      (f"{target['ratio']:.3f} × `{target['vs']}` ≤ {target['max_ratio']:.2f} "
                       f"{'met' if target['met'] else '**missed**'}") if target else ""]
             if has_train:
-                cells.append(f"{r['train_ratio']:.3f}" if "train_ratio" in r else "not timed")
+                cells.append(train_cell(r))
             if has_compile:
                 compiled_base = base.get("compiled_ms")
                 cells.append(f"{r['compile_speedup']:.2f}; {r['compiled_ms'] / compiled_base:.3f}"
@@ -149,9 +151,22 @@ def bench_block(results: Path, name: str) -> str:
             lines.append("| " + " | ".join(cells) + " |")
         out.append("\n".join(lines))
     denormals = "subnormal floats flushed to zero" if data.get("flush_denormals") else "subnormal floats kept"
+    trained = next((run for run in data["runs"] if "train_baseline" in run), None)
+    training = "" if trained is None else (
+        f"; training steps (batch {trained['train_batch_size']}, AdamW) in groups of a few models, each with "
+        f"`{trained['train_baseline']}` and timed against its steps in the same rounds: medians of "
+        f"{max(3, data['repeats'] // 2)} rounds, in brackets the lowest and highest round's ratio")
     out.append(f"{data['device']}, {data['dtype']}, {denormals}, inference batch {data['batch_size']}, medians of "
-               f"{data['repeats']} interleaved rounds. {provenance_line(data)}")
+               f"{data['repeats']} interleaved rounds{training}. {provenance_line(data)}")
     return "\n\n".join(out) + "\n"
+
+
+def train_cell(row: dict[str, Any]) -> str:
+    """A bench row's training step against the baseline: the ratio of medians, and where kept the rounds' range."""
+    if "train_ratio" not in row:
+        return "not timed"
+    rounds = row.get("train_round_ratios")
+    return f"{row['train_ratio']:.3f}" + (f" ({min(rounds):.2f}-{max(rounds):.2f})" if rounds else "")
 
 
 def profile_block(results: Path, name: str) -> str:
@@ -429,16 +444,17 @@ def modalities_block(results: Path, name: str, command: str) -> str:
     return table + "\n" + verdict + "\n"
 
 
-#: the issue's goals (memory and time against tokens): (goal key, what, results file with {} for "_cpu" / "_cuda",
-#: resolution) -- each row reads one results file (:func:`goal_ratios`: ``lab memory`` ratios, or its peak against a
-#: machine for "fits", or ``lab bench``'s inference time against timm's ViT-B for "infer_time")
+#: the issue's goals (memory and time against tokens): (goal key, what, results file with {} for "_cpu" / "_cuda", or
+#: several, the first that exists, resolution) -- each row reads one results file (:func:`goal_ratios`: ``lab memory``
+#: ratios, or its peak against a machine for "fits", or ``lab bench``'s inference time against timm's ViT-B for
+#: "infer_time" and its training step against `ape`, timed in one process, for "train_time", where there is one)
 GOAL_ROWS = [
     ("infer_memory", "inference peak memory at 896 px, ViT-S/16, batch 1", "memory_vit_s16{}.json", "896"),
     ("infer_growth", "the same at 1024 px: growth in tokens like `ape`'s", "memory_vit_s16{}.json", "1024"),
     ("fits", "ViT-B/16 at 1024 px, batch 8, runs on a 24 GB machine", "memory_vit_b16_1024_b8{}.json", "1024"),
     ("train_memory", "training step at 448 px, ViT-S/16, batch 4: peak memory", "memory_train_vit_s16_448{}.json",
      "448"),
-    ("train_time", "the same: time", "memory_train_vit_s16_448{}.json", "448"),
+    ("train_time", "the same: time", ("bench_vit_s16_448_train{}.json", "memory_train_vit_s16_448{}.json"), "448"),
     ("infer_time", "inference time at 448 px against timm's ViT-B/16", "bench_vit_b16_448{}.json", "448"),
 ]
 _SAPE2_BIAS = ("its bias depends on content: per layer both axes' (B, heads, N, N) distances and their square roots, "
@@ -511,6 +527,13 @@ def goal_ratios(data: dict[str, Any], goal: str, at: str) -> tuple[dict[str, flo
         rows = data["runs"][0]["rows"]
         base = rows["timm_ape"]["infer_ms"]
         return {k: r["infer_ms"] / base for k, r in rows.items() if not k.startswith("timm_")}, GOALS[goal]
+    if goal == "train_time" and "runs" in data:  # lab bench: each step against `ape`'s in its own group and process
+        run = data["runs"][0]
+        if run.get("train_baseline") != "ape":
+            raise ValueError(f"the training-time goal is against `ape`; this bench timed against "
+                             f"{run.get('train_baseline', 'timm_ape')!r}: run it with --train-baseline ape")
+        return {k: r["train_ratio"] for k, r in run["rows"].items()
+                if "train_ratio" in r and not k.startswith("timm_")}, GOALS[goal]
     if goal == "fits":
         return {k: r[at]["peak_mb"] / 1024 for k, r in data["rows"].items() if "peak_mb" in r.get(at, {})}, 24.0
     field = "time" if goal == "train_time" else "memory"
@@ -522,9 +545,11 @@ def goals_block(results: Path) -> str:
     """Every goal of the issue on memory and time against tokens, per device measured: the worst encoding, and each
     one over the line with why (:data:`MISSED_BECAUSE`)."""
     lines = ["| goal | measured on | line | worst | over the line, and why |", "|---|---|---|---|---|"]
-    for goal, what, name, at in GOAL_ROWS:
+    for goal, what, names, at in GOAL_ROWS:
         for device, suffix in (("cpu", "_cpu"), ("cuda", "_cuda")):
-            data = load(results, name.format(suffix))
+            candidates = [n.format(suffix) for n in ((names,) if isinstance(names, str) else names)]
+            name = next((n for n in candidates if (results / n).exists()), candidates[0])
+            data = load(results, name)
             if data is None:
                 continue
             ratios, line = goal_ratios(data, goal, at)
@@ -536,7 +561,7 @@ def goals_block(results: Path) -> str:
                 reasons.setdefault(because or "not explained", []).append(f"`{k}` {ratios[k]:.2f}{unit}")
             why = "; ".join(f"{', '.join(names)}: {because}" for because, names in reasons.items()) or "none: met"
             where = "CPU" if device == "cpu" else str(data.get("device", "GPU")).split(",")[0]
-            lines.append(f"| {what} | {where} (`{name.format(suffix)}`, commit `{data['provenance']['commit'][:7]}`) | "
+            lines.append(f"| {what} | {where} (`{name}`, commit `{data['provenance']['commit'][:7]}`) | "
                          f"{line:g}{unit} | `{worst}` {ratios[worst]:.2f}{unit} | {why} |")
     lines += ["", "Ratios against `ape` (memory, training time) or timm's ViT-B/16 (inference time), from the results "
               "files named, each measured as the tables below say. Written by `python -m lab report` from those files."]
@@ -585,6 +610,7 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "memory_s16_896_mmap": ("bench", lambda r: memory_block(r, "memory_vit_s16_896_mmap_cpu.json")),
     "memory_b16_1024_b8": ("bench", lambda r: memory_block(r, "memory_vit_b16_1024_b8_cpu.json", 1024, machine_gb=24)),
     "memory_train_s16_448": ("bench", lambda r: memory_block(r, "memory_train_vit_s16_448_cpu.json", 448)),
+    "bench_s16_448_train": ("bench", lambda r: bench_block(r, "bench_vit_s16_448_train_cpu.json")),
     "bench_b16_cuda": ("bench", lambda r: bench_block(r, "bench_vit_b16_cuda.json")),
     "bench_b16_448_cuda": ("bench", lambda r: bench_block(r, "bench_vit_b16_448_cuda.json")),
     "bench_b16_224_compiled_cuda": ("bench", lambda r: bench_block(r, "bench_vit_b16_224_compiled_cuda.json")),
