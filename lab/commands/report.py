@@ -463,9 +463,10 @@ _SAPE2_BIAS = ("its bias depends on content: per layer both axes' (B, heads, N, 
 _EXPONENTIALS = ("matrix exponentials of every token's {}, per head and layer, {} each step (the paper's code makes "
                  "every layer's too, by torch's `matrix_exp` and its backward, and then uses layer 0's in every layer)")
 _SAPE2_STEP = ("per layer both axes' (B, heads, N, N) distances, a block of query rows at a time, made in the forward, "
-               "made again in backward and differentiated by hand: matrix products and square roots about as much as "
-               "attention's own, and attention by hand: no CPU kernel in torch 2.14 returns a bias's gradient; the "
-               "ratio moves with the machine: 1.42x and 1.46x in the run at `7da0dd2` (the training step at 448 px)")
+               "made again in backward and differentiated by hand: matrix products with half the multiply-adds of "
+               "attention's own (inner size 30 against 64) and their square roots, and attention by hand: no CPU "
+               "kernel in torch 2.14 returns a bias's gradient; on the machine of `7da0dd2` it read 1.42-1.46x (the "
+               "training step at 448 px)")
 _GPU_BLOCKS = "4 MB blocks of rotations on a GPU, for time: 2 MB blocks reach 1.51x and take 1.5x as long"
 _GPU_SAPE2_MEMORY = "a few hundredths over: under autocast its distances run in float32"
 _GPU_LAUNCHES = ("eager, a few kernels more per layer on a forward of a few milliseconds: the H200 waits on their "
@@ -564,7 +565,9 @@ def goals_block(results: Path) -> str:
             lines.append(f"| {what} | {where} (`{name}`, commit `{data['provenance']['commit'][:7]}`) | "
                          f"{line:g}{unit} | `{worst}` {ratios[worst]:.2f}{unit} | {why} |")
     lines += ["", "Ratios against `ape` (memory, training time) or timm's ViT-B/16 (inference time), from the results "
-              "files named, each measured as the tables below say. Written by `python -m lab report` from those files."]
+              "files named, each measured as the tables below say: times against a baseline timed in the same process "
+              "(on CPU the training step by `python -m lab bench --train-baseline ape`), memory in a fresh process per "
+              "cell. Written by `python -m lab report` from those files."]
     return "\n".join(lines) + "\n"
 
 
