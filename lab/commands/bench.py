@@ -4,6 +4,11 @@ interleaved rounds (one call of every model per round), and the medians are comp
 ``torch.inference_mode``; a training step is forward + cross-entropy + backward + AdamW step. It records which SDPA
 kernel each model ran and fails if an encoding that should be fused fell back to the math kernel.
 
+``--train-baseline ape`` times the training steps against pape_hub's own `ape` (the issue's training goal: python -m lab
+bench --sizes s --resolutions 448 --batch-size 2 --train-batch-size 4 --train-baseline ape --train-skip '' --repeats 14
+--output results/bench_vit_s16_448_train_cpu.json). Peak memory against tokens, the 224 -> 1024 px sweep with its plot,
+is ``python -m lab memory``: on CPU it needs a fresh process per cell, which one process timing every model cannot give.
+
 ``--startup`` times start-up instead: ``import pape_hub`` against ``import timm`` and the commands' ``--help``, each
 in a fresh interpreter (``python -m lab bench --startup --output results/bench_startup_cpu.json``).
 """
