@@ -463,8 +463,9 @@ _SAPE2_BIAS = ("its bias depends on content: per layer both axes' (B, heads, N, 
 _EXPONENTIALS = ("matrix exponentials of every token's {}, per head and layer, {} each step (the paper's code makes "
                  "every layer's too, by torch's `matrix_exp` and its backward, and then uses layer 0's in every layer)")
 _SAPE2_STEP = ("per layer both axes' (B, heads, N, N) distances, a block of query rows at a time, made in the forward, "
-               "made again in backward and differentiated by hand: matrix products with half the multiply-adds of "
-               "attention's own (inner size 30 against 64) and their square roots, and attention by hand: no CPU "
+               "made again in backward and differentiated by hand: matrix products with, per axis, half the "
+               "multiply-adds of attention's own (inner size 30 against 64) and their square roots, and attention by "
+               "hand: no CPU "
                "kernel in torch 2.14 returns a bias's gradient; on the machine of `7da0dd2` it read 1.42-1.46x (the "
                "training step at 448 px)")
 _GPU_BLOCKS = "4 MB blocks of rotations on a GPU, for time: 2 MB blocks reach 1.51x and take 1.5x as long"
