@@ -36,8 +36,9 @@ from ..provenance import provenance
 
 STARTED = time.monotonic()  # --compile-budget counts from the start of the process
 TIMM_SIZE = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
-#: timm's own ViTs timed beside ours (:func:`build_models`; the rotary ones where timm has the size)
-TIMM_BASELINES = ("timm_ape", "timm_rope", "timm_rope_mixed")
+#: timm's own ViTs timed beside ours, key -> what follows ``vit_{size}_patch16`` in timm's name (:func:`build_models`;
+#: the rotary ones where timm has the size)
+TIMM_BASELINES = {"timm_ape": "", "timm_rope": "_rope", "timm_rope_mixed": "_rope_mixed"}
 # (target, what it is compared with) per model key, whole-model inference time ratio; see issue "Speed"
 TARGETS: dict[str, tuple[float, str]] = {
     "pape": (1.20, "timm_ape"), "pape_m8": (1.10, "timm_ape"), "pape_ri": (1.10, "timm_ape"),
@@ -144,11 +145,10 @@ def build_models(size: str, res: int, encodings: list[str], device: torch.device
     name = TIMM_SIZE[size]
     models: dict[str, torch.nn.Module] = {}
     if baselines:
-        models["timm_ape"] = timm.create_model(f"vit_{name}_patch16_224", img_size=res)
-        for variant in ("rope", "rope_mixed"):
-            timm_name = f"vit_{name}_patch16_{variant}_224"
-            if timm_name in timm.list_models():
-                models[f"timm_{variant}"] = timm.create_model(timm_name, img_size=res)
+        for key, variant in TIMM_BASELINES.items():
+            timm_name = f"vit_{name}_patch16{variant}_224"
+            if key == "timm_ape" or timm_name in timm.list_models():  # timm has every size of its plain ViT
+                models[key] = timm.create_model(timm_name, img_size=res)
     for enc in encodings:
         models[enc] = timm.create_model(f"vit_{size}16_{enc}")
         if enc == "pape":

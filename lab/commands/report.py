@@ -152,10 +152,12 @@ def bench_block(results: Path, name: str) -> str:
         out.append("\n".join(lines))
     denormals = "subnormal floats flushed to zero" if data.get("flush_denormals") else "subnormal floats kept"
     trained = next((run for run in data["runs"] if "train_baseline" in run), None)
+    rounds = None if trained is None else next(
+        len(r["train_round_ratios"]) for r in trained["rows"].values() if "train_round_ratios" in r)
     training = "" if trained is None else (
         f"; training steps (batch {trained['train_batch_size']}, AdamW) in groups of a few models, each with "
-        f"`{trained['train_baseline']}` and timed against its steps in the same rounds: medians of "
-        f"{max(3, data['repeats'] // 2)} rounds, in brackets the lowest and highest round's ratio")
+        f"`{trained['train_baseline']}` and timed against its steps in the same rounds: medians of {rounds} rounds, "
+        f"in brackets the lowest and highest round's ratio")
     out.append(f"{data['device']}, {data['dtype']}, {denormals}, inference batch {data['batch_size']}, medians of "
                f"{data['repeats']} interleaved rounds{training}. {provenance_line(data)}")
     return "\n\n".join(out) + "\n"
@@ -444,18 +446,18 @@ def modalities_block(results: Path, name: str, command: str) -> str:
     return table + "\n" + verdict + "\n"
 
 
-#: the issue's goals (memory and time against tokens): (goal key, what, results file with {} for "_cpu" / "_cuda", or
-#: several, the first that exists, resolution) -- each row reads one results file (:func:`goal_ratios`: ``lab memory``
-#: ratios, or its peak against a machine for "fits", or ``lab bench``'s inference time against timm's ViT-B for
-#: "infer_time" and its training step against `ape`, timed in one process, for "train_time", where there is one)
+#: the issue's goals (memory and time against tokens): (goal key, what, results files with {} for "_cpu" / "_cuda", the
+#: first that exists read, resolution) -- each row reads one results file (:func:`goal_ratios`: ``lab memory`` ratios,
+#: or its peak against a machine for "fits", or ``lab bench``'s inference time against timm's ViT-B for "infer_time"
+#: and its training step against `ape`, timed in one process, for "train_time", where there is one)
 GOAL_ROWS = [
-    ("infer_memory", "inference peak memory at 896 px, ViT-S/16, batch 1", "memory_vit_s16{}.json", "896"),
-    ("infer_growth", "the same at 1024 px: growth in tokens like `ape`'s", "memory_vit_s16{}.json", "1024"),
-    ("fits", "ViT-B/16 at 1024 px, batch 8, runs on a 24 GB machine", "memory_vit_b16_1024_b8{}.json", "1024"),
-    ("train_memory", "training step at 448 px, ViT-S/16, batch 4: peak memory", "memory_train_vit_s16_448{}.json",
+    ("infer_memory", "inference peak memory at 896 px, ViT-S/16, batch 1", ("memory_vit_s16{}.json",), "896"),
+    ("infer_growth", "the same at 1024 px: growth in tokens like `ape`'s", ("memory_vit_s16{}.json",), "1024"),
+    ("fits", "ViT-B/16 at 1024 px, batch 8, runs on a 24 GB machine", ("memory_vit_b16_1024_b8{}.json",), "1024"),
+    ("train_memory", "training step at 448 px, ViT-S/16, batch 4: peak memory", ("memory_train_vit_s16_448{}.json",),
      "448"),
     ("train_time", "the same: time", ("bench_vit_s16_448_train{}.json", "memory_train_vit_s16_448{}.json"), "448"),
-    ("infer_time", "inference time at 448 px against timm's ViT-B/16", "bench_vit_b16_448{}.json", "448"),
+    ("infer_time", "inference time at 448 px against timm's ViT-B/16", ("bench_vit_b16_448{}.json",), "448"),
 ]
 _SAPE2_BIAS = ("its bias depends on content: per layer both axes' (B, heads, N, N) distances and their square roots, "
                "then attention reads it as a mask; the ratio moves with the machine (the 448 px bench; the "
@@ -465,9 +467,8 @@ _EXPONENTIALS = ("matrix exponentials of every token's {}, per head and layer, {
 _SAPE2_STEP = ("per layer both axes' (B, heads, N, N) distances, a block of query rows at a time, made in the forward, "
                "made again in backward and differentiated by hand: matrix products with, per axis, half the "
                "multiply-adds of attention's own (inner size 30 against 64) and their square roots, and attention by "
-               "hand: no CPU "
-               "kernel in torch 2.14 returns a bias's gradient; on the machine of `7da0dd2` it read 1.42-1.46x (the "
-               "training step at 448 px)")
+               "hand: no CPU kernel in torch 2.14 returns a bias's gradient; on the machine of `7da0dd2` it read "
+               "1.42-1.46x (the training step at 448 px)")
 _GPU_BLOCKS = "4 MB blocks of rotations on a GPU, for time: 2 MB blocks reach 1.51x and take 1.5x as long"
 _GPU_SAPE2_MEMORY = "a few hundredths over: under autocast its distances run in float32"
 _GPU_LAUNCHES = ("eager, a few kernels more per layer on a forward of a few milliseconds: the H200 waits on their "
@@ -547,9 +548,9 @@ def goals_block(results: Path) -> str:
     """Every goal of the issue on memory and time against tokens, per device measured: the worst encoding, and each
     one over the line with why (:data:`MISSED_BECAUSE`)."""
     lines = ["| goal | measured on | line | worst | over the line, and why |", "|---|---|---|---|---|"]
-    for goal, what, names, at in GOAL_ROWS:
+    for goal, what, files, at in GOAL_ROWS:
         for device, suffix in (("cpu", "_cpu"), ("cuda", "_cuda")):
-            candidates = [n.format(suffix) for n in ((names,) if isinstance(names, str) else names)]
+            candidates = [file.format(suffix) for file in files]
             name = next((n for n in candidates if (results / n).exists()), candidates[0])
             data = load(results, name)
             if data is None:
