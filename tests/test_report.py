@@ -355,12 +355,59 @@ def test_the_bench_times_training_against_the_baseline_named(monkeypatch):
     monkeypatch.setattr(bench, "interleaved", lambda fns, *a: groups.append(list(fns)) or timed(fns, *a))
     bench.measure_training(models, rows, args, 4, torch.device("cpu"), contextlib.nullcontext(), lambda: None)
     assert groups == [["ape", "timm_ape", "alibi"], ["ape", "rope", "sape2"]]
+    # beside each time, the peak of the tensors one step allocates: the gradients of the one layer, 48 x 1000 + 1000
+    assert all(rows[key]["train_tensors_mb"] >= 49_000 * 4 / 2**20 for key in models)
     assert rows["ape"]["train_ratio"] == 1.0 and "train_round_ratios" not in rows["ape"]
     assert all(len(rows[key]["train_round_ratios"]) == 3 for key in ("timm_ape", "alibi", "rope", "sape2"))
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     with pytest.raises(ValueError, match="--train-baseline 'nope'"):
         bench.run(parser.parse_args(["--encodings", "ape", "--train-baseline", "nope"]))
+
+
+def test_a_call_s_tensors_are_its_peak_of_live_bytes_over_those_before_it():
+    """``call_tensors_mb`` on CPU: a call holding 4 MB and 2 MB at once, then freeing them, peaks at 6 MB; tensors live
+    before the call do not count; the control, a call holding them one at a time, peaks at 4 MB."""
+    from lab.commands.memory import call_tensors_mb
+
+    held_before = torch.empty(4 << 20, dtype=torch.uint8)
+    cpu = torch.device("cpu")
+
+    def together() -> None:
+        a = torch.empty(4 << 20, dtype=torch.uint8)
+        b = torch.empty(2 << 20, dtype=torch.uint8)
+        del a, b
+
+    def one_at_a_time() -> None:
+        a = torch.empty(4 << 20, dtype=torch.uint8)
+        del a
+        b = torch.empty(2 << 20, dtype=torch.uint8)
+        del b
+
+    assert call_tensors_mb(together, cpu) == pytest.approx(6.0)
+    assert call_tensors_mb(one_at_a_time, cpu) == pytest.approx(4.0)
+    assert held_before.numel() == 4 << 20
+
+
+def test_the_bench_table_shows_each_call_s_tensors_beside_its_time(tmp_path):
+    """Bench rows with ``infer_tensors_mb`` and ``train_tensors_mb`` get a column each, with the ratio to timm's ViT
+    (inference) and to the training baseline; a model left out of the training steps reads 'not timed'."""
+    from lab.commands.report import bench_block
+
+    rows = {"timm_ape": {"infer_ms": 10.0, "infer_tensors_mb": 100.0},
+            "ape": {"infer_ms": 10.0, "infer_tensors_mb": 100.0, "train_ratio": 1.0, "train_tensors_mb": 400.0},
+            "sape2": {"infer_ms": 13.0, "infer_tensors_mb": 150.0, "train_ratio": 1.45, "train_tensors_mb": 600.0,
+                      "train_round_ratios": [1.4, 1.6]},
+            "liere": {"infer_ms": 30.0, "infer_tensors_mb": 120.0}}
+    bench = {"provenance": {"command": "python -m lab bench", "commit": "abc"}, "device": "CPU",
+             "dtype": "torch.float32", "batch_size": 2, "repeats": 6,
+             "runs": [{"size": "s", "resolution": 448, "rows": rows, "train_baseline": "ape", "train_batch_size": 4}]}
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    table = bench_block(tmp_path, "bench.json")
+    assert "| inference MB of tensors (× timm APE) |" in table and "| train step MB of tensors (× `ape`) |" in table
+    assert "| `sape2` | 13.0 | 1.300 | 150.0 (1.50) |  | 1.450 (1.40-1.60) | 600.0 (1.50) |" in table
+    assert "| `liere` | 30.0 | 3.000 | 120.0 (1.20) |  | not timed | not timed |" in table
+    assert "MB of tensors: the peak of the tensors one call allocated" in table
 
 
 def test_the_memory_probe_interleaves_rounds_and_keeps_medians(tmp_path, monkeypatch):

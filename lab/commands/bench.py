@@ -2,12 +2,15 @@ r"""Measured in one process. For each size and resolution the baselines (timm's 
 APE, and timm's ``*_rope_224`` / ``*_rope_mixed_224``) and every pape_hub encoding are built once, then timed in
 interleaved rounds (one call of every model per round), and the medians are compared. Inference is
 ``torch.inference_mode``; a training step is forward + cross-entropy + backward + AdamW step. It records which SDPA
-kernel each model ran and fails if an encoding that should be fused fell back to the math kernel.
+kernel each model ran and fails if an encoding that should be fused fell back to the math kernel. Beside each time it
+records the peak of the tensors one call allocates (``infer_tensors_mb``, ``train_tensors_mb``: torch's profiler on
+CPU, the caching allocator on a GPU), measured after the timed rounds.
 
 ``--train-baseline ape`` times the training steps against pape_hub's own `ape` (the issue's training goal: python -m lab
 bench --sizes s --resolutions 448 --batch-size 2 --train-batch-size 4 --train-baseline ape --train-skip '' --repeats 14
---output results/bench_vit_s16_448_train_cpu.json). Peak memory against tokens, the 224 -> 1024 px sweep with its plot,
-is ``python -m lab memory``: on CPU it needs a fresh process per cell, which one process timing every model cannot give.
+--output results/bench_vit_s16_448_train_cpu.json). The issue's memory measure, resident memory against tokens, and the
+224 -> 1024 px sweep with its plot, is ``python -m lab memory``: on CPU resident memory needs a fresh process per cell,
+which one process timing every model cannot give.
 
 ``--startup`` times start-up instead: ``import pape_hub`` against ``import timm`` and the commands' ``--help``, each
 in a fresh interpreter (``python -m lab bench --startup --output results/bench_startup_cpu.json``).
@@ -33,6 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 from pape_hub.encodings import list_encodings
 
 from ..provenance import provenance
+from .memory import call_tensors_mb
 
 STARTED = time.monotonic()  # --compile-budget counts from the start of the process
 TIMM_SIZE = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
@@ -271,11 +275,7 @@ def measure(size: str, res: int, encodings: list[str], args: argparse.Namespace,
     for key, m in models.items():
         med = statistics.median(times[key])
         rows[key] = dict(infer_ms=med * 1e3, infer_img_s=args.batch_size / med, kernels=kernels[key],
-                         cache_mb=cached_bytes(m) / 2**20)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-            infer(m)()
-            rows[key]["infer_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+                         cache_mb=cached_bytes(m) / 2**20, infer_tensors_mb=call_tensors_mb(infer(m), device))
 
     if args.compile:
         if args.compile_workers:
@@ -391,6 +391,8 @@ def measure_training(models: dict[str, torch.nn.Module], rows: dict[str, dict[st
         ttimes = interleaved({k: train(models[k], optimizers[k]) for k in group}, max(3, args.repeats // 2), 1, sync)
         base = statistics.median(ttimes[baseline])
         base_times.append(base)
+        for key in group:  # after the timed rounds: the profiler's own cost stays out of the times
+            rows[key]["train_tensors_mb"] = call_tensors_mb(train(models[key], optimizers[key]), device)
         for key in group[1:]:
             med = statistics.median(ttimes[key])
             rows[key].update(train_ms=med * 1e3, train_img_s=args.train_batch_size / med, train_ratio=med / base,
@@ -403,15 +405,17 @@ def measure_training(models: dict[str, torch.nn.Module], rows: dict[str, dict[st
 
 def print_table(size: str, res: int, rows: dict[str, dict[str, Any]]) -> None:
     print(f"\nViT-{size.upper()}/16 @ {res}px")
-    header = (f"{'model':<16} {'infer ms':>9} {'img/s':>7} {'x APE':>6} {'train img/s':>11} {'x base':>6} "
-              f"{'compiled x':>10} {'cache MB':>8}  {'kernel':<14} target")
+    header = (f"{'model':<16} {'infer ms':>9} {'img/s':>7} {'x APE':>6} {'MB':>7} {'train img/s':>11} {'x base':>6} "
+              f"{'MB':>7} {'compiled x':>10} {'cache MB':>8}  {'kernel':<14} target")
     print(header + "\n" + "-" * len(header))
     for key, r in rows.items():
         target = r.get("target")
         tgt = (f"{target['ratio']:.3f} vs {target['vs']} <= {target['max_ratio']:.2f} "
                f"{'met' if target['met'] else 'MISSED'}") if target else ""
         print(f"{key:<16} {r['infer_ms']:>9.1f} {r['infer_img_s']:>7.1f} {r['infer_ratio']:>6.3f} "
+              f"{r.get('infer_tensors_mb', float('nan')):>7.1f} "
               f"{r.get('train_img_s', float('nan')):>11.2f} {r.get('train_ratio', float('nan')):>6.3f} "
+              f"{r.get('train_tensors_mb', float('nan')):>7.1f} "
               f"{r.get('compile_speedup', float('nan')):>10.2f} {r['cache_mb']:>8.1f}  "
               f"{','.join(r['kernels']):<14} {tgt}", flush=True)
 

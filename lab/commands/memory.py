@@ -172,14 +172,9 @@ def gpu_probe(encoding: str, resolutions: list[int], args: argparse.Namespace) -
     rows: dict[str, dict[str, Any]] = {}
     for res in resolutions:
         try:
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            before = torch.cuda.memory_allocated(device)
             start = time.perf_counter()
-            call(res)
-            torch.cuda.synchronize(device)
+            peak = call_tensors_mb(lambda: call(res), device)  # noqa: B023 - called at once
             first = time.perf_counter() - start
-            peak = (torch.cuda.max_memory_allocated(device) - before) / 2**20
             times = []
             for _ in range(args.repeats):
                 start = time.perf_counter()
@@ -192,6 +187,30 @@ def gpu_probe(encoding: str, resolutions: list[int], args: argparse.Namespace) -
             rows[str(res)] = dict(error=str(error).splitlines()[0][:300])
         torch.cuda.empty_cache()
     return rows
+
+
+def call_tensors_mb(call: Callable[[], Any], device: Any) -> float:
+    """The peak of the tensors one ``call()`` allocates, over those live before it, in MB (synchronised on a GPU).
+    On a GPU torch's caching allocator counts live bytes; on CPU nothing does, so torch's profiler's allocation and
+    free events are added up in the order they happened (the ``tensors_mb`` of a cell's fresh process)."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        call()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        call()
+    live = top = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):  # allocations and frees in order
+        live += event.self_cpu_memory_usage
+        top = max(top, live)
+    return top / 2**20
 
 
 def measure_all(encodings: list[str], resolutions: list[int], args: argparse.Namespace,

@@ -131,18 +131,27 @@ def bench_block(results: Path, name: str) -> str:
         has_train = any("train_ratio" in r for r in rows.values())
         has_compile = any("compile_speedup" in r for r in rows.values())
         train_base = run.get("train_baseline", "timm_ape")
-        train_head = "train step × APE" if train_base == "timm_ape" else f"train step × `{train_base}`"
-        head = ["model", "inference ms", "× timm APE", "target"] + ([train_head] if has_train else []) + \
+        has_infer_mb = all("infer_tensors_mb" in r for r in rows.values())
+        has_train_mb = any("train_tensors_mb" in r for r in rows.values())
+        shown_base = "APE" if train_base == "timm_ape" else f"`{train_base}`"
+        head = ["model", "inference ms", "× timm APE"] + (["inference MB of tensors (× timm APE)"] if has_infer_mb
+                                                          else []) + ["target"] + \
+            ([f"train step × {shown_base}"] if has_train else []) + \
+            ([f"train step MB of tensors (× {shown_base})"] if has_train_mb else []) + \
             (["compiled: speed-up; × compiled timm APE"] if has_compile else []) + ["SDPA kernel"]
         lines = [f"ViT-{run['size'].upper()}/16 at {run['resolution']} px:", "",
                  "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
         for key, r in rows.items():
             target = r.get("target")
-            cells = [f"`{key}`", f"{r['infer_ms']:.1f}", f"{r['infer_ms'] / base['infer_ms']:.3f}",
-                     (f"{target['ratio']:.3f} × `{target['vs']}` ≤ {target['max_ratio']:.2f} "
-                      f"{'met' if target['met'] else '**missed**'}") if target else ""]
+            cells = [f"`{key}`", f"{r['infer_ms']:.1f}", f"{r['infer_ms'] / base['infer_ms']:.3f}"]
+            if has_infer_mb:
+                cells.append(megabytes_cell(r.get("infer_tensors_mb"), base["infer_tensors_mb"]))
+            cells.append((f"{target['ratio']:.3f} × `{target['vs']}` ≤ {target['max_ratio']:.2f} "
+                          f"{'met' if target['met'] else '**missed**'}") if target else "")
             if has_train:
                 cells.append(train_cell(r))
+            if has_train_mb:
+                cells.append(megabytes_cell(r.get("train_tensors_mb"), rows[train_base].get("train_tensors_mb")))
             if has_compile:
                 compiled_base = base.get("compiled_ms")
                 cells.append(f"{r['compile_speedup']:.2f}; {r['compiled_ms'] / compiled_base:.3f}"
@@ -158,8 +167,12 @@ def bench_block(results: Path, name: str) -> str:
         f"; training steps (batch {trained['train_batch_size']}, AdamW) in groups of a few models, each with "
         f"`{trained['train_baseline']}` and timed against its steps in the same rounds: medians of {rounds} rounds, "
         f"in brackets the lowest and highest round's ratio")
+    tensors = "" if not any("infer_tensors_mb" in r for run in data["runs"] for r in run["rows"].values()) else (
+        " MB of tensors: the peak of the tensors one call allocated beyond those live before it (torch's profiler on "
+        "CPU, the caching allocator on a GPU), after the timed rounds in the same process; resident memory, the "
+        "issue's measure, needs a fresh process per cell (`python -m lab memory`).")
     out.append(f"{data['device']}, {data['dtype']}, {denormals}, inference batch {data['batch_size']}, medians of "
-               f"{data['repeats']} interleaved rounds{training}. {provenance_line(data)}")
+               f"{data['repeats']} interleaved rounds{training}.{tensors} {provenance_line(data)}")
     return "\n\n".join(out) + "\n"
 
 
@@ -169,6 +182,13 @@ def train_cell(row: dict[str, Any]) -> str:
         return "not timed"
     rounds = row.get("train_round_ratios")
     return f"{row['train_ratio']:.3f}" + (f" ({min(rounds):.2f}-{max(rounds):.2f})" if rounds else "")
+
+
+def megabytes_cell(mb: float | None, base_mb: float | None) -> str:
+    """A bench row's peak of tensors, with its ratio to the baseline's where both were measured."""
+    if mb is None:
+        return "not timed"
+    return f"{mb:.1f}" + (f" ({mb / base_mb:.2f})" if base_mb else "")
 
 
 def profile_block(results: Path, name: str) -> str:
