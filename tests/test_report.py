@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -408,6 +409,30 @@ def test_the_bench_table_shows_each_call_s_tensors_beside_its_time(tmp_path):
     assert "| `sape2` | 13.0 | 1.300 | 150.0 (1.50) |  | 1.450 (1.40-1.60) | 600.0 (1.50) |" in table
     assert "| `liere` | 30.0 | 3.000 | 120.0 (1.20) |  | not timed | not timed |" in table
     assert "MB of tensors: the peak of the tensors one call allocated" in table
+
+
+def test_a_bench_at_several_resolutions_is_a_sweep_against_tokens(tmp_path):
+    """``lab bench --resolutions 224,448`` of one size: its table gives every model's time and tensors over timm's ViT
+    at each resolution and their growth in tokens, and its plot is the sweep's; one resolution is not a sweep."""
+    from lab.commands import bench
+    from lab.commands.report import bench_sweep_block
+
+    def rows(scale: float) -> dict:
+        return {"timm_ape": {"infer_ms": 10.0 * scale, "infer_tensors_mb": 10.0 * scale},
+                "sape2": {"infer_ms": 13.0 * scale, "infer_tensors_mb": 10.0 * scale * scale}}
+
+    runs = [{"size": "s", "resolution": 448, "rows": rows(4.0)}, {"size": "s", "resolution": 224, "rows": rows(1.0)}]
+    report = {"provenance": {"command": "python -m lab bench", "commit": "abc"}, "device": "CPU",
+              "dtype": "torch.float32", "batch_size": 1, "repeats": 3, "runs": runs}
+    (tmp_path / "sweep.json").write_text(json.dumps(report))
+    table = bench_sweep_block(tmp_path, "sweep.json")
+    tokens = math.log((28**2 + 1) / (14**2 + 1))
+    assert "| model | 224 px | 448 px | growth in tokens |" in table
+    assert f"| `sape2` | 1.30 | 1.30 | {math.log(4) / tokens:.2f} |" in table  # time: as timm's ViT grows
+    assert f"| `sape2` | 1.00 | 4.00 | {math.log(16) / tokens:.2f} |" in table  # tensors: faster
+    bench.plot(report, tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").stat().st_size > 10_000
+    assert bench.sweeps(dict(report, runs=runs[:1])) == {}
 
 
 def test_the_memory_probe_interleaves_rounds_and_keeps_medians(tmp_path, monkeypatch):

@@ -420,9 +420,22 @@ def print_table(size: str, res: int, rows: dict[str, dict[str, Any]]) -> None:
               f"{','.join(r['kernels']):<14} {tgt}", flush=True)
 
 
+def sweeps(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The runs of each size timed at more than one resolution, smallest first: a resolution sweep."""
+    by_size: dict[str, list[dict[str, Any]]] = {}
+    for run_ in report["runs"]:
+        by_size.setdefault(run_["size"], []).append(run_)
+    return {size: sorted(runs, key=lambda r: r["resolution"]) for size, runs in by_size.items() if len(runs) > 1}
+
+
 def plot(report: dict[str, Any], path: Path) -> None:
+    """Each run's inference time against timm's ViT, as bars; a resolution sweep instead as time and tensors against
+    tokens, log-log (:func:`plot_sweeps`)."""
     from matplotlib.figure import Figure
 
+    if sweeps(report):
+        plot_sweeps(report, path)
+        return
     runs = report["runs"]
     fig = Figure(figsize=(10, 3.2 * len(runs)))
     axes = fig.subplots(len(runs), 1, squeeze=False)
@@ -437,3 +450,34 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.tick_params(axis="x", rotation=60)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def plot_sweeps(report: dict[str, Any], path: Path, patch: int = 16) -> None:
+    """Per swept size, inference time and the peak of a call's tensors against tokens, log-log, a line per model
+    (timm's ViT black, its other baselines dashed grey)."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    by_size = sweeps(report)
+    fig = Figure(figsize=(12, 4.8 * len(by_size)))
+    axes = fig.subplots(len(by_size), 2, squeeze=False)
+    cmap = colormaps["tab20"]
+    for (size, runs), row_axes in zip(by_size.items(), axes):
+        tokens = [(run_["resolution"] // patch) ** 2 + 1 for run_ in runs]
+        for i, key in enumerate(runs[0]["rows"]):
+            style = dict(color="black", lw=2.2) if key == "timm_ape" else \
+                dict(color="grey", lw=1.0, ls="--") if key.startswith("timm_") else dict(color=cmap(i % 20), lw=1.1)
+            for ax, measure in zip(row_axes, ("infer_ms", "infer_tensors_mb")):
+                points = [(t, run_["rows"][key][measure]) for t, run_ in zip(tokens, runs)
+                          if measure in run_["rows"].get(key, {})]
+                if points:
+                    ax.plot(*zip(*points), marker="o", ms=3, label=key, **style)
+        for ax, label in zip(row_axes, ("inference time of one call (ms)", "peak of one call's tensors (MB)")):
+            ax.set(xscale="log", yscale="log", xlabel="tokens (log)", ylabel=label + " (log)",
+                   title=f"ViT-{size.upper()}/16, batch {report['batch_size']}")
+            ax.grid(alpha=0.3, which="both")
+        row_axes[0].legend(fontsize=7, ncol=2)
+    fig.suptitle(f"{report['device']}, {report['dtype']}: medians of {report['repeats']} interleaved rounds",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -318,15 +318,16 @@ def ratios(rows: dict[str, dict[str, Any]], resolutions: list[int]) -> dict[str,
     return out
 
 
-def growth(by_res: dict[str, Any], resolutions: list[int], patch: int = 16) -> float | None:
-    """The exponent of memory against tokens between the smallest and largest resolution (log-log slope)."""
+def growth(by_res: dict[str, Any], resolutions: list[int], patch: int = 16, key: str = "peak_mb") -> float | None:
+    """The exponent of memory (or another measure, ``key``) against tokens between the smallest and largest
+    resolution (log-log slope)."""
     import math
 
     ends = [str(resolutions[0]), str(resolutions[-1])]
-    if len(set(ends)) < 2 or not all("peak_mb" in by_res.get(r, {}) and by_res[r]["peak_mb"] > 0 for r in ends):
+    if len(set(ends)) < 2 or not all(key in by_res.get(r, {}) and by_res[r][key] > 0 for r in ends):
         return None
     tokens = [(int(r) // patch) ** 2 + 1 for r in ends]
-    return math.log(by_res[ends[1]]["peak_mb"] / by_res[ends[0]]["peak_mb"]) / math.log(tokens[1] / tokens[0])
+    return math.log(by_res[ends[1]][key] / by_res[ends[0]][key]) / math.log(tokens[1] / tokens[0])
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

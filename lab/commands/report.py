@@ -184,6 +184,38 @@ def train_cell(row: dict[str, Any]) -> str:
     return f"{row['train_ratio']:.3f}" + (f" ({min(rounds):.2f}-{max(rounds):.2f})" if rounds else "")
 
 
+def bench_sweep_block(results: Path, name: str) -> str:
+    """A bench timed at several resolutions of one size (``python -m lab bench --resolutions 224,...,1024``): every
+    model's inference time and peak of a call's tensors over timm's ViT at each resolution, and the exponent of each
+    in tokens from the first resolution to the last (timm's ViT's own is the line to compare with)."""
+    from .bench import sweeps
+    from .memory import growth
+
+    data = load(results, name)
+    if data is None:
+        return f"_Not measured yet: `results/{name}` is missing._\n"
+    out = []
+    for size, runs in sweeps(data).items():
+        resolutions = [run["resolution"] for run in runs]
+        for measure, what in (("infer_ms", "inference time"), ("infer_tensors_mb", "peak of a call's tensors")):
+            lines = [f"ViT-{size.upper()}/16, {what} × timm's ViT:", "",
+                     "| model | " + " | ".join(f"{res} px" for res in resolutions) + " | growth in tokens |",
+                     "|---" * (len(resolutions) + 2) + "|"]
+            for key in runs[0]["rows"]:
+                by_res = {str(run["resolution"]): run["rows"].get(key, {}) for run in runs}
+                cells = [f"{by_res[str(res)][measure] / run['rows']['timm_ape'][measure]:.2f}"
+                         if measure in by_res[str(res)] else "-" for res, run in zip(resolutions, runs)]
+                exponent = growth(by_res, resolutions, key=measure)
+                cells.append("-" if exponent is None else f"{exponent:.2f}")
+                lines.append(f"| `{key}` | " + " | ".join(cells) + " |")
+            out.append("\n".join(lines))
+    out.append(f"{data['device']}, {data['dtype']}, inference batch {data['batch_size']}, medians of {data['repeats']} "
+               "interleaved rounds in one process; the peak of a call's tensors after them (torch's profiler on CPU, "
+               "the caching allocator on a GPU). Growth: the exponent of the measure in tokens from the first "
+               f"resolution to the last (1.0: linear). {provenance_line(data)}")
+    return "\n\n".join(out) + "\n"
+
+
 def megabytes_cell(mb: float | None, base_mb: float | None) -> str:
     """A bench row's peak of tensors, with its ratio to the baseline's where both were measured."""
     if mb is None:
@@ -636,6 +668,7 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "memory_b16_1024_b8": ("bench", lambda r: memory_block(r, "memory_vit_b16_1024_b8_cpu.json", 1024, machine_gb=24)),
     "memory_train_s16_448": ("bench", lambda r: memory_block(r, "memory_train_vit_s16_448_cpu.json", 448)),
     "bench_s16_448_train": ("bench", lambda r: bench_block(r, "bench_vit_s16_448_train_cpu.json")),
+    "bench_s16_sweep": ("bench", lambda r: bench_sweep_block(r, "bench_vit_s16_sweep_cpu.json")),
     "bench_b16_cuda": ("bench", lambda r: bench_block(r, "bench_vit_b16_cuda.json")),
     "bench_b16_448_cuda": ("bench", lambda r: bench_block(r, "bench_vit_b16_448_cuda.json")),
     "bench_b16_224_compiled_cuda": ("bench", lambda r: bench_block(r, "bench_vit_b16_224_compiled_cuda.json")),
