@@ -680,3 +680,20 @@ def test_liere_generator_rotation_is_autograd_through_its_exponentials(block, ra
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     reversed_tokens = torch.autograd.grad((autograd_path(pos.flip(0)) * weights).sum(), (qk, skew))
     assert all((a - b).abs().max() > 1e-3 for a, b in zip(grads_ours, reversed_tokens))
+
+
+@pytest.mark.parametrize("axes", [2, 3])
+def test_distances_an_axis_at_a_time_are_the_norm_of_the_differences(axes):
+    """ALiBi's and LookHere's distances, squared and summed an axis at a time in place, are the norm of the coordinate
+    differences to float64's rounding (and exact on a grid of whole coordinates); the control, one axis left out, is
+    not."""
+    from pape_hub.encodings.alibi import offset_length, pairwise_distance
+
+    coords = torch.randn(2, 50, axes, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 20
+    norm = (coords[:, :, None] - coords[:, None]).norm(dim=-1)
+    torch.testing.assert_close(pairwise_distance(coords), norm, rtol=1e-15, atol=0)
+    grid = torch.cartesian_prod(*[torch.arange(5.0)] * axes)
+    exact = (grid[:, None] - grid[None]).square().sum(-1).sqrt()  # whole squares: the sum is exact
+    assert torch.equal(pairwise_distance(grid, grid[:7]), exact[:, :7])
+    offsets = [coords[:, :, None, axis] - coords[:, None, :, axis] for axis in range(axes - 1)]
+    assert not torch.allclose(offset_length(offsets), norm)

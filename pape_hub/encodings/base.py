@@ -217,21 +217,25 @@ def blockwise(num_tokens: int, batch_heads: int = 0) -> bool:
 
 class BiasCoords(NamedTuple):
     """A bias encoding's per-forward state on the blockwise path: the coordinates instead of the bias. ``coords``
-    (B', P+N, p) with the prefix rows zero, ``patch`` (P+N,) False for prefix tokens (which get no bias)."""
+    (B', P+N, p) with the prefix rows zero; the first ``prefix`` tokens are prefix tokens (which get no bias)."""
 
     coords: torch.Tensor
-    patch: torch.Tensor
+    prefix: int
 
     @classmethod
     def of(cls, pos: TokenPositions) -> BiasCoords:
-        coords = F.pad(pos.sample_coords(), (0, 0, pos.num_prefix_tokens, 0))
-        patch = torch.ones(coords.shape[-2], dtype=torch.bool, device=coords.device)
-        patch[: pos.num_prefix_tokens] = False
-        return cls(coords, patch)
+        return cls(F.pad(pos.sample_coords(), (0, 0, pos.num_prefix_tokens, 0)), pos.num_prefix_tokens)
 
-    def rows(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(query coordinates (B', r, p), key coordinates (B', T, p), (r, T) True where both are patch tokens)."""
-        return self.coords[:, start:stop], self.coords, self.patch[start:stop, None] & self.patch[None, :]
+    def rows(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(query coordinates (B', r, p), key coordinates (B', T, p))."""
+        return self.coords[:, start:stop], self.coords
+
+    def zero_prefix(self, block: torch.Tensor, start: int) -> torch.Tensor:
+        """``block`` (..., r, T), rows ``start:`` of a bias, with its prefix rows and columns zero, in place (two
+        slices, where a (r, T) mask of patch pairs cost a pass to make and one to apply)."""
+        block[..., : max(0, self.prefix - start), :] = 0
+        block[..., : self.prefix] = 0
+        return block
 
 
 class BiasRows(NamedTuple):
