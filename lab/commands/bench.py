@@ -457,6 +457,7 @@ def plot_sweeps(report: dict[str, Any], path: Path, patch: int = 16) -> None:
     (timm's ViT black, its other baselines dashed grey)."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
 
     by_size = sweeps(report)
     fig = Figure(figsize=(12, 4.8 * len(by_size)))
@@ -476,6 +477,8 @@ def plot_sweeps(report: dict[str, Any], path: Path, patch: int = 16) -> None:
             ax.set(xscale="log", yscale="log", xlabel="tokens (log)", ylabel=label + " (log)",
                    title=f"ViT-{size.upper()}/16, batch {report['batch_size']}")
             ax.grid(alpha=0.3, which="both")
+            ax.set_xticks(tokens, labels=[f"{t}" for t in tokens], fontsize=8, rotation=45)  # the swept sizes
+            ax.xaxis.set_minor_formatter(NullFormatter())
         row_axes[0].legend(fontsize=7, ncol=2)
     fig.suptitle(f"{report['device']}, {report['dtype']}: medians of {report['repeats']} interleaved rounds",
                  fontsize=10)
