@@ -391,7 +391,8 @@ def measure_training(models: dict[str, torch.nn.Module], rows: dict[str, dict[st
         ttimes = interleaved({k: train(models[k], optimizers[k]) for k in group}, max(3, args.repeats // 2), 1, sync)
         base = statistics.median(ttimes[baseline])
         base_times.append(base)
-        for key in group:  # after the timed rounds: the profiler's own cost stays out of the times
+        # after the timed rounds: the profiler's own cost stays out of the times (the baseline's in its first group)
+        for key in group if start == 0 else group[1:]:
             rows[key]["train_tensors_mb"] = call_tensors_mb(train(models[key], optimizers[key]), device)
         for key in group[1:]:
             med = statistics.median(ttimes[key])

@@ -46,7 +46,9 @@ GOALS = dict(infer_memory=1.5, train_memory=2.0, train_time=1.5, infer_time=1.25
 
 PROBE = r"""
 import json, resource, statistics, sys, time
+sys.path.insert(0, {root!r})  # this checkout's lab, for call_tensors_mb
 import torch, timm, pape_hub
+from lab.commands.memory import call_tensors_mb
 torch.set_num_threads({threads})
 torch.set_flush_denormal(True)  # as pape-hub train and the bench do: PaPE's softmax backward makes subnormal floats
 encoding, res, train, batch, repeats, size = {encoding!r}, {res}, {train}, {batch}, {repeats}, {size!r}
@@ -80,19 +82,14 @@ else:
         times = []
         for _ in range(repeats):
             start = time.perf_counter(); model(x); times.append(time.perf_counter() - start)
-live = top = 0
-if profiled:
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:  # the same call once more
-        if train:
-            step(res)
-        else:
-            with torch.inference_mode():
-                model(x)
-    for event in sorted(prof.events(), key=lambda e: e.time_range.start):  # allocations and frees in order
-        live += event.self_cpu_memory_usage
-        top = max(top, live)
-print(json.dumps(dict(peak_mb=peak, tensors_mb=top / 2**20 if profiled else None,
+def again():  # the same call once more
+    if train:
+        step(res)
+    else:
+        with torch.inference_mode():
+            model(x)
+tensors = call_tensors_mb(again, torch.device("cpu")) if profiled else None
+print(json.dumps(dict(peak_mb=peak, tensors_mb=tensors,
                       time_s=statistics.median(times) if times else first, first_s=first)))
 """
 
@@ -126,9 +123,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def probe(encoding: str, res: int, args: argparse.Namespace) -> dict[str, Any]:
     """One fresh interpreter's measurement; a failure (out of memory, timeout) is recorded, not raised."""
-    code = PROBE.format(threads=args.threads, encoding=encoding, res=res, train=args.train,
-                        batch=args.batch_size if args.train else args.inference_batch_size, repeats=args.repeats,
-                        size=args.size, profiled=not args.no_profile)
+    code = PROBE.format(root=str(Path(__file__).resolve().parents[2]), threads=args.threads, encoding=encoding,
+                        res=res, train=args.train, size=args.size, repeats=args.repeats, profiled=not args.no_profile,
+                        batch=args.batch_size if args.train else args.inference_batch_size)
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=args.timeout,
                               env=probe_environment(args))
