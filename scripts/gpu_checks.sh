@@ -4,7 +4,9 @@
 # training step at 448 px, ViT-B/16 at 1024 px batch 8), then bench --compile. Eager and memory take about 345 s on an
 # H200; compile needs at least 380 s of its own (its warm-up alone took 173-185 s, and every model must start compiling
 # within --compile-budget), so a 15-minute lease takes it in two calls, compile first: PHASES "compile" with SECONDS
-# 450, then "eager memory" with what is left. PHASES ("eager memory compile" by default) names what a call runs:
+# 450, then "eager memory" with what is left. "sweep" (not in the default) times ViT-S/16 from 224 to 1024 px in one
+# process, eager (docs/speed.md's sweep in one process): run it in the next lease, or after the others where time is
+# left. PHASES ("eager memory compile" by default) names what a call runs:
 #   bash scripts/gpu_checks.sh COMMIT [SECONDS] [PHASES]   # results land in $OUT (default outputs/gpu)
 # Copy them to results/ (their commands name $OUT: write results/ there) and redraw their plots.
 # Where the tree travels without .git, COMMIT names the code (PAPE_HUB_LAB_COMMIT); timm is installed from .whl/ if
@@ -49,6 +51,12 @@ else
 timeout $((L - 5)) python3 -m lab bench --device cuda --dtype bfloat16 --compile --compile-workers 8 \
   --compile-budget $((L - 60)) --train-batch-size 0 --repeats 5 --output "$OUT/bench_vit_b16_224_compiled_cuda.json"
 fi
+fi
+if has sweep; then
+echo "=== bench sweep ViT-S/16 224 -> 1024 px, eager, $(left) s left"
+timeout $(( $(left) > 5 ? $(left) - 5 : 1 )) python3 -m lab bench --device cuda --dtype bfloat16 --sizes s \
+  --resolutions 224,448,640,896,1024 --batch-size 1 --train-batch-size 0 --repeats 5 \
+  --output "$OUT/bench_vit_s16_sweep_cuda.json"
 fi
 echo "=== done at $SECONDS s"
 } 2>&1 | grep -v -i "warn" | tee "$OUT/log.txt"

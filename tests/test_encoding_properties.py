@@ -416,6 +416,31 @@ def test_lookhere_views_and_slopes():
     torch.testing.assert_close(enc.attn_bias(1, None, None, bias), bias * 0.5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_lookhere_hidden_keys_are_each_views_complement(dtype):
+    """The views' hidden keys in fewer passes (``_HIDDEN``) are exactly the complement of the views as written
+    (``_VIEWS``), on the diagonals and axes where the inequalities are tight, for whole and scaled (interpolated)
+    coordinates; the control, a view's own keys, is not."""
+    from pape_hub.encodings.alibi import _GROUPS, _HIDDEN, _VIEWS
+
+    grid = grid_positions((9, 7), 0, dtype=dtype).coords  # (63, 2)
+    scaled = [grid * 0.3 - 0.25, grid * torch.tensor([0.3, 1 / 7], dtype=dtype)]  # rounded offsets
+    for whole, coords in [(True, grid)] + [(False, c) for c in scaled]:
+        dx = coords[None, :, 0] - coords[:, None, 0]  # key x - query x, as LookHere takes them
+        dy = coords[None, :, 1] - coords[:, None, 1]
+        sizes = {"x": dx.abs(), "y": dy.abs()}
+        views = [view for group in _GROUPS.values() for view in group if view != "none"]
+        assert sorted(views) == sorted(_HIDDEN)
+        for view in views:
+            visible = _VIEWS[view](dx, dy)
+            assert 0 < visible.sum() < visible.numel()
+            assert not whole or (visible & (dx.abs() == dy.abs()) & (dx != 0)).any()  # tight inequalities
+            assert torch.equal(_HIDDEN[view](dx, dy, sizes), ~visible), view
+            assert not torch.equal(_HIDDEN[view](dx, dy, sizes), visible)  # control
+        if whole:  # control: a wedge's boundary (its diagonals) hidden as well is told apart
+            assert not torch.equal((dx.abs() + dy) >= 0, ~_VIEWS["up"](dx, dy))
+
+
 def test_sincos_layout_x_first_and_cls_zero():
     enc = make_encoding("sincos", grid=(3, 4), num_prefix=1)
     pos = grid_positions((3, 4), 1, dtype=torch.float64)

@@ -59,6 +59,7 @@ def test_blockwise_bias_attention_is_the_whole_bias(encoding, by_hand, monkeypat
         monkeypatch.setattr(attention, "bias_gradient_by_hand", lambda q, dropout: False)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
     monkeypatch.setattr(base, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
+    monkeypatch.setattr(attention, "CPU_INFERENCE_BLOCK_ROWS", 7)
     monkeypatch.setattr(attention, "BY_HAND_BLOCK_ROWS", 7)
     if encoding.startswith("sape2"):
         from pape_hub.encodings import sape2
@@ -145,6 +146,7 @@ def test_sape2s_blocks_share_one_memory_on_cpu_inference(monkeypatch):
     x = torch.randn(2, 3, 40, 48, dtype=torch.float64)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
     monkeypatch.setattr(base, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
+    monkeypatch.setattr(attention, "CPU_INFERENCE_BLOCK_ROWS", 7)
     made, held = [], []
     distance_rows = sape2.SaPE2.distance_rows
 
@@ -254,6 +256,7 @@ def test_blockwise_attention_writes_each_block_into_the_layers_output_without_gr
     monkeypatch.setattr(attention, "bias_gradient_by_hand", lambda q, dropout: False)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
     monkeypatch.setattr(base, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
+    monkeypatch.setattr(attention, "CPU_INFERENCE_BLOCK_ROWS", 7)
     with torch.set_grad_enabled(grad):
         ops = ops_of(lambda: model(x))
         written = model(x)
@@ -472,6 +475,7 @@ def test_blockwise_attention_with_padding_gives_each_image_its_own_logits(encodi
     batch = naflex_batch(images)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
     monkeypatch.setattr(base, "BLOCK_ROWS", 9)
+    monkeypatch.setattr(attention, "CPU_INFERENCE_BLOCK_ROWS", 9)
     with torch.no_grad():
         out = model(batch)
         for i, image in enumerate(images):

@@ -669,6 +669,7 @@ BLOCKS: dict[str, tuple[str | None, Callable[[Path], str]]] = {
     "memory_train_s16_448": ("bench", lambda r: memory_block(r, "memory_train_vit_s16_448_cpu.json", 448)),
     "bench_s16_448_train": ("bench", lambda r: bench_block(r, "bench_vit_s16_448_train_cpu.json")),
     "bench_s16_sweep": ("bench", lambda r: bench_sweep_block(r, "bench_vit_s16_sweep_cpu.json")),
+    "bench_s16_sweep_cuda": ("bench", lambda r: bench_sweep_block(r, "bench_vit_s16_sweep_cuda.json")),
     "bench_b16_cuda": ("bench", lambda r: bench_block(r, "bench_vit_b16_cuda.json")),
     "bench_b16_448_cuda": ("bench", lambda r: bench_block(r, "bench_vit_b16_448_cuda.json")),
     "bench_b16_224_compiled_cuda": ("bench", lambda r: bench_block(r, "bench_vit_b16_224_compiled_cuda.json")),

@@ -94,6 +94,13 @@ def encoding_bias_blocks(encoding: PositionEncoding, layer: int, q: torch.Tensor
 #: backward: 212 ms in blocks of 128 rows and one of 17, 197 ms in nine of 88; 205 ms in blocks of about 64, 224 ms
 #: of 32)
 BY_HAND_BLOCK_ROWS = 96
+#: query rows per block of the blockwise path's inference on CPU (elsewhere
+#: :data:`~pape_hub.encodings.base.BLOCK_ROWS`), the blocks of one size (``row_blocks(even=True)``: from 1,024 tokens,
+#: each of 205 rows or more). torch's CPU flash-attention kernel splits a call's queries into pieces of 32 rows below
+#: 192 rows, 64 from 192 and 256 from 768, each piece a matrix product with every key: a call over 128 of ViT-S/16 896
+#: px's 3,137 rows took 1.44x its share of one call over all of them, 192 rows 1.17x, 256 rows 1.05x (6 heads, a mask;
+#: **ad hoc**, docs/speed.md). A block's bias is twice a 128-row one's (ViT-S/16 896 px, one grid's: 19 MB)
+CPU_INFERENCE_BLOCK_ROWS = 256
 
 
 class BlockwiseBiasAttention(torch.autograd.Function):
@@ -310,7 +317,8 @@ class PositionalAttention(nn.Module):
 
 
     def blockwise(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: BiasRows) -> torch.Tensor:
-        """Fused attention one block of :data:`BLOCK_ROWS` query rows at a time, each with its rows of the bias:
+        """Fused attention one block of query rows at a time (:data:`BLOCK_ROWS`; for inference on CPU
+        :data:`CPU_INFERENCE_BLOCK_ROWS`), each with its rows of the bias:
         exact (softmax rows are independent), and no block holds more than (heads, rows, T). With gradients, on CPU
         :class:`BlockwiseBiasAttention` (no block kept, the bias's gradient by hand); elsewhere each block is recomputed
         in backward (checkpointed). Either way training holds no (heads, T, T) tensor. Without gradients, each block's
@@ -330,7 +338,8 @@ class PositionalAttention(nn.Module):
         if torch.is_grad_enabled():
             out = [checkpoint(attend, start, stop, use_reentrant=False) for start, stop in row_blocks(q.shape[-2])]
             return torch.cat(out, dim=2)[..., : self.head_dim]
-        (start, stop), *rest = row_blocks(q.shape[-2])
+        cpu = q.device.type == "cpu"
+        (start, stop), *rest = row_blocks(q.shape[-2], CPU_INFERENCE_BLOCK_ROWS if cpu else None, even=cpu)
         first = attend(start, stop)
         whole = first.new_empty(*first.shape[:2], q.shape[-2], first.shape[-1])  # in the dtype attention gives
         whole[:, :, start:stop] = first  # (autocast)
