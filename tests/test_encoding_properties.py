@@ -416,12 +416,29 @@ def test_lookhere_views_and_slopes():
     torch.testing.assert_close(enc.attn_bias(1, None, None, bias), bias * 0.5)
 
 
+#: LookHere's views as its code writes them: which keys a head sees from the offset (dx, dy) = p_key - p_query
+LOOKHERE_VIEWS = {
+    "top_left": lambda dx, dy: (dx <= 0) & (dy <= 0),
+    "top_right": lambda dx, dy: (dx >= 0) & (dy <= 0),
+    "bottom_left": lambda dx, dy: (dx <= 0) & (dy >= 0),
+    "bottom_right": lambda dx, dy: (dx >= 0) & (dy >= 0),
+    "up": lambda dx, dy: (dy <= 0) & (dx.abs() <= -dy),
+    "down": lambda dx, dy: (dy >= 0) & (dx.abs() <= dy),
+    "left": lambda dx, dy: (dx <= 0) & (dy.abs() <= -dx),
+    "right": lambda dx, dy: (dx >= 0) & (dy.abs() <= dx),
+    "up_half": lambda dx, dy: dy <= 0,
+    "down_half": lambda dx, dy: dy >= 0,
+    "left_half": lambda dx, dy: dx <= 0,
+    "right_half": lambda dx, dy: dx >= 0,
+}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_lookhere_hidden_keys_are_each_views_complement(dtype):
-    """The views' hidden keys in fewer passes (``_HIDDEN``) are exactly the complement of the views as written
-    (``_VIEWS``), on the diagonals and axes where the inequalities are tight, for whole and scaled (interpolated)
-    coordinates; the control, a view's own keys, is not."""
-    from pape_hub.encodings.alibi import _GROUPS, _HIDDEN, _VIEWS
+    """The views' hidden keys in fewer passes (``_HIDDEN``) are exactly the complement of the views as LookHere writes
+    them, on the diagonals and axes where the inequalities are tight, for whole and scaled (interpolated) coordinates;
+    the control, a view's own keys, is not."""
+    from pape_hub.encodings.alibi import _GROUPS, _HIDDEN
 
     grid = grid_positions((9, 7), 0, dtype=dtype).coords  # (63, 2)
     scaled = [grid * 0.3 - 0.25, grid * torch.tensor([0.3, 1 / 7], dtype=dtype)]  # rounded offsets
@@ -432,13 +449,13 @@ def test_lookhere_hidden_keys_are_each_views_complement(dtype):
         views = [view for group in _GROUPS.values() for view in group if view != "none"]
         assert sorted(views) == sorted(_HIDDEN)
         for view in views:
-            visible = _VIEWS[view](dx, dy)
+            visible = LOOKHERE_VIEWS[view](dx, dy)
             assert 0 < visible.sum() < visible.numel()
             assert not whole or (visible & (dx.abs() == dy.abs()) & (dx != 0)).any()  # tight inequalities
             assert torch.equal(_HIDDEN[view](dx, dy, sizes), ~visible), view
             assert not torch.equal(_HIDDEN[view](dx, dy, sizes), visible)  # control
         if whole:  # control: a wedge's boundary (its diagonals) hidden as well is told apart
-            assert not torch.equal((dx.abs() + dy) >= 0, ~_VIEWS["up"](dx, dy))
+            assert not torch.equal((dx.abs() + dy) >= 0, ~LOOKHERE_VIEWS["up"](dx, dy))
 
 
 def test_sincos_layout_x_first_and_cls_zero():

@@ -20,6 +20,13 @@ import pape_hub.encodings.rotary as rotary
 import pape_hub.layers.attention as attention
 
 
+def query_blocks_of(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """Blockwise attention in blocks of ``rows`` query rows where it takes :data:`base.BLOCK_ROWS` and where inference
+    on CPU takes its own size."""
+    monkeypatch.setattr(base, "BLOCK_ROWS", rows)
+    monkeypatch.setattr(attention, "CPU_INFERENCE_BLOCK_ROWS", rows)
+
+
 def perturbed(name: str, **kwargs) -> torch.nn.Module:
     torch.manual_seed(0)
     model = timm.create_model(name, embed_dim=32, depth=2, num_heads=2, num_classes=5, **kwargs).double()
@@ -58,8 +65,7 @@ def test_blockwise_bias_attention_is_the_whole_bias(encoding, by_hand, monkeypat
     if not by_hand:
         monkeypatch.setattr(attention, "bias_gradient_by_hand", lambda q, dropout: False)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
-    monkeypatch.setattr(base, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
-    monkeypatch.setattr(attention, "CPU_INFERENCE_BLOCK_ROWS", 7)
+    query_blocks_of(monkeypatch, 7)  # blocks that do not divide the 121 tokens
     monkeypatch.setattr(attention, "BY_HAND_BLOCK_ROWS", 7)
     if encoding.startswith("sape2"):
         from pape_hub.encodings import sape2
@@ -145,8 +151,7 @@ def test_sape2s_blocks_share_one_memory_on_cpu_inference(monkeypatch):
     model = perturbed("vit_t4_sape2").eval()
     x = torch.randn(2, 3, 40, 48, dtype=torch.float64)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
-    monkeypatch.setattr(base, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
-    monkeypatch.setattr(attention, "CPU_INFERENCE_BLOCK_ROWS", 7)
+    query_blocks_of(monkeypatch, 7)  # blocks that do not divide the 121 tokens
     made, held = [], []
     distance_rows = sape2.SaPE2.distance_rows
 
@@ -255,8 +260,7 @@ def test_blockwise_attention_writes_each_block_into_the_layers_output_without_gr
     x = torch.randn(2, 3, 40, 48, dtype=torch.float64)
     monkeypatch.setattr(attention, "bias_gradient_by_hand", lambda q, dropout: False)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
-    monkeypatch.setattr(base, "BLOCK_ROWS", 7)  # blocks that do not divide the 121 tokens
-    monkeypatch.setattr(attention, "CPU_INFERENCE_BLOCK_ROWS", 7)
+    query_blocks_of(monkeypatch, 7)  # blocks that do not divide the 121 tokens
     with torch.set_grad_enabled(grad):
         ops = ops_of(lambda: model(x))
         written = model(x)
@@ -474,8 +478,7 @@ def test_blockwise_attention_with_padding_gives_each_image_its_own_logits(encodi
     images = [torch.randn(3, 32, 48, dtype=torch.float64), torch.randn(3, 40, 40, dtype=torch.float64)]
     batch = naflex_batch(images)
     monkeypatch.setattr(base, "BLOCKWISE_FROM", 16)
-    monkeypatch.setattr(base, "BLOCK_ROWS", 9)
-    monkeypatch.setattr(attention, "CPU_INFERENCE_BLOCK_ROWS", 9)
+    query_blocks_of(monkeypatch, 9)
     with torch.no_grad():
         out = model(batch)
         for i, image in enumerate(images):

@@ -126,19 +126,11 @@ class ALiBi(PositionEncoding):
         return -self.slopes.to(dist.dtype)[:, None, None] * dist[:, None]
 
 
-# Each view says which keys a head may see, from the offset (dx, dy) = p_key - p_query, y growing down.
-# Inequalities are strict where LookHere's are, so every head always sees the query's own token.
-_VIEWS = {
-    "top_left": lambda dx, dy: (dx <= 0) & (dy <= 0),
-    "top_right": lambda dx, dy: (dx >= 0) & (dy <= 0),
-    "bottom_left": lambda dx, dy: (dx <= 0) & (dy >= 0),
-    "bottom_right": lambda dx, dy: (dx >= 0) & (dy >= 0),
-    "up": lambda dx, dy: (dy <= 0) & (dx.abs() <= -dy),
-    "down": lambda dx, dy: (dy >= 0) & (dx.abs() <= dy),
-    "left": lambda dx, dy: (dx <= 0) & (dy.abs() <= -dx),
-    "right": lambda dx, dy: (dx >= 0) & (dy.abs() <= dx),
-    "none": lambda dx, dy: torch.ones_like(dx, dtype=torch.bool),
-}
+# Each view says which keys a head may see, from the offset (dx, dy) = p_key - p_query, y growing down. As LookHere
+# writes them: top_left sees dx <= 0 and dy <= 0 (top_right dx >= 0 and dy <= 0; the bottom ones dy >= 0 alike); up
+# sees dy <= 0 and |dx| <= -dy (down dy >= 0 and |dx| <= dy; left and right with x and y swapped); up_half sees dy <= 0
+# (the other halves alike); none sees every key. Inequalities are strict where LookHere's are, so every head always
+# sees the query's own token.
 # Direction groups named in a head_directions string; opposite directions first so that a group given
 # only two heads still looks both ways.
 _GROUPS = {
@@ -147,20 +139,15 @@ _GROUPS = {
     "halves": ["up_half", "down_half", "left_half", "right_half"],
     "none": ["none"],
 }
-_VIEWS.update({
-    "up_half": lambda dx, dy: dy <= 0,
-    "down_half": lambda dx, dy: dy >= 0,
-    "left_half": lambda dx, dy: dx <= 0,
-    "right_half": lambda dx, dy: dx >= 0,
-})
 
-# Each view's hidden keys, the complement of its _VIEWS entry, in fewer passes over a block's (N, M) offsets (LookHere
-# makes them for every block of rows in every layer on the blockwise path): a view is where two half-planes meet, so a
-# key is hidden where either of two linear forms is positive. A float sum or difference is zero only where it is
-# exactly, and keeps its sign, so these hide the same keys, boundaries included, for finite offsets
-# (tests/test_encoding_properties.py); a NaN offset hides nothing here, so that a NaN coordinate stays NaN in its bias.
-# ``size`` holds |dx| ("x") and |dy| ("y") where a view needs them (:data:`_SIZES`), made once a block. ViT-S/16 896 px:
-# 19 passes a block for the 6 heads' four views, 10 here (a forward 5.04 s before, 4.61 s after, **ad hoc**).
+# Each view's hidden keys, the complement of the view above, in the fewest passes over a block's (N, M) offsets
+# (LookHere makes them for every block of rows in every layer on the blockwise path): a view is where two half-planes
+# meet, so a key is hidden where either of two linear forms is positive. A float sum or difference is zero only where
+# it is exactly, and keeps its sign, so these hide the same keys as the inequalities written out, boundaries included,
+# for finite offsets (tests/test_encoding_properties.py checks them against those); a NaN offset hides nothing here, so
+# that a NaN coordinate stays NaN in its bias. ``size`` holds |dx| ("x") and |dy| ("y") where a view needs them
+# (:data:`_SIZES`), made once a block. ViT-S/16 896 px: the inequalities written out took 19 passes a block for the 6
+# heads' four views, these 10 (a forward 5.04 s before, 4.61 s after, **ad hoc**).
 _HIDDEN: dict[str, Callable[..., torch.Tensor]] = {
     "top_left": lambda dx, dy, size: torch.maximum(dx, dy) > 0,
     "bottom_right": lambda dx, dy, size: torch.minimum(dx, dy) < 0,
