@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup main test test-fast lint zoo
+.PHONY: setup main test test-all test-fast lint zoo
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -27,12 +27,17 @@ TEST_ENV := OMP_NUM_THREADS=1
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -n 2 -m "not extended"
+
+# every test, the `extended` slices too (timm's suite on the second half of the encoding classes)
+test-all: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -n 2
 
 # the quick tier while working: everything but the slow, host-suite and export tests (CI runs `make test`)
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -n 2 -m "not slow and not hosts and not export"
+	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -n 2 -m "not slow and not hosts and not export and not extended"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -115,7 +115,7 @@ def test_the_licence_is_in_the_repository_and_declared(tmp_path):
 
 def test_stopping_a_comparison_says_what_is_kept_and_resume_keeps_it(tmp_path):
     command = [sys.executable, "-m", "lab", "arrows", "--encodings", "none,ape", "--seeds", "0",
-               "--epochs", "1", "--train-size", "512", "--eval-size", "16", "--hub", "none", "--results-dir", "none",
+               "--epochs", "1", "--train-size", "128", "--eval-size", "16", "--hub", "none", "--results-dir", "none",
                "--output-dir", str(tmp_path / "runs"), "--jobs", "1"]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out = ""

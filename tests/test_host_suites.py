@@ -32,7 +32,13 @@ def encoding_classes(part: str) -> list[str]:
     return [n for n in names if (n in HOOK_CLASSES) == (part == "hooks")]
 
 
-@pytest.mark.parametrize("part", SLICES)
+#: timm's suite on the rest slice repeats, for classes that enter the model as a hooks-slice class does, what the
+#: project's own tests check of every encoding (forward and backward, FX feature extraction, default configs): CI
+#: (``make test``) leaves it out to stay within its time; ``make test-all`` and ``scripts/host_suites.py`` run it
+TIMM_SLICES = ["hooks", pytest.param("rest", marks=pytest.mark.extended)]
+
+
+@pytest.mark.parametrize("part", TIMM_SLICES)
 def test_timm_model_suite_on_every_encoding_class(tmp_path, part):
     """timm's suite on the tiny image model of every encoding class, in two slices (``scripts/host_suites.py``:
     every name)."""

@@ -40,19 +40,16 @@ def test_train_eval_card_push_and_load_a_point_model_by_hub_id(hub, tmp_path, ca
     assert card.data.pipeline_tag is None and card.data.eval_results[0].task_type == "point-cloud-classification"
     assert "model(x, valid)" in card.text and "AutoModelForSequenceClassification" in card.text
     env = hub.client_env()
-    pushed = client(hub, tmp_path, f"""
-        import sys
-        from pape_hub_cli import main
-        sys.exit(main(["push", "{run / 'best'}", "--repo-id", "org/points-pape-ri"]))
-    """)
-    assert pushed.returncode == 0, pushed.stderr[-2000:]
     inputs = """
         import torch
         x = torch.randn(2, 100, 3, generator=torch.Generator().manual_seed(0))
         valid = torch.ones(2, 100, dtype=torch.bool)
         valid[1, 60:] = False
     """
-    loaded = client(hub, tmp_path, inputs + f"""
+    loaded = client(hub, tmp_path, f"""
+        from pape_hub_cli import main
+        assert main(["push", "{run / 'best'}", "--repo-id", "org/points-pape-ri"]) == 0
+    """ + inputs + f"""
         import json, timm, pape_hub
         from transformers import AutoModelForSequenceClassification
         local = timm.create_model("local-dir:{run / 'best'}", pretrained=True).eval()
@@ -63,7 +60,7 @@ def test_train_eval_card_push_and_load_a_point_model_by_hub_id(hub, tmp_path, ca
             print(json.dumps([torch.equal(remote(x, valid), reference),
                               torch.equal(face(points=x, attention_mask=valid.long()).logits, reference),
                               remote.num_classes, remote.pretrained_cfg["label_names"][:2], reference.tolist()]))
-    """)
+    """)  # pushed and loaded back in one client process, as tests/test_hub.py's round trips
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     same_timm, same_face, classes, labels, reference = json.loads(loaded.stdout.strip().splitlines()[-1])
     assert [same_timm, same_face, classes, labels] == [True, True, 8, ["sphere", "cube"]]
