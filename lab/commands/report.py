@@ -254,42 +254,31 @@ def seconds(value: float) -> str:
     return f"{value * 1e3:.1f} ms" if value < 1 else f"{value:.2f} s"
 
 
-def memory_block(results: Path, name: str, goal_px: int = 896, machine_gb: float | None = None) -> str:
-    """Peak memory and time against resolution (``python -m lab memory``), each encoding's ratio to ``ape`` at
-    ``goal_px`` against the issue's goal (``machine_gb``: instead, whether the call fits a machine of that memory),
-    and its memory growth exponent in tokens."""
-    from .memory import GOALS, growth
+def memory_verdict(data: dict[str, Any], by_res: dict[str, Any], encoding: str, at: str,
+                   machine_gb: float | None) -> str:
+    """One encoding's ratio cell of :func:`memory_block`: memory (live tensors) and time against ``ape``'s at ``at``
+    px and whether the issue's goal is met, or whether the call fits a machine of ``machine_gb``."""
+    from .memory import GOALS
 
-    data = load(results, name)
-    if data is None:
-        return f"_Not measured yet: `results/{name}` is missing._\n"
-    resolutions = data["resolutions"]
-    goal_key = "train_memory" if data["train"] else "infer_memory"
-    goal = GOALS[goal_key]
-    at = str(goal_px) if str(goal_px) in map(str, resolutions) else str(resolutions[-1])
-    head = [f"{r} px" for r in resolutions]
-    lines = ["| encoding | " + " | ".join(head) + f" | × `ape` at {at} px: memory (tensors), time | growth |",
-             "|---" * (len(head) + 3) + "|"]
-    for encoding, by_res in data["rows"].items():
-        cells = []
-        for r in map(str, resolutions):
-            row = by_res.get(r, {})
-            cells.append(f"{row['peak_mb']:.0f} MB, {seconds(row['time_s'])}" if "peak_mb" in row else
-                         f"failed: {row.get('error', '?')[:40]}" if row else "not measured")
-        ratio = data["ratios"].get(encoding, {}).get(at)
-        verdict = "-"
-        if machine_gb is not None and "peak_mb" in by_res.get(at, {}):
-            fits = "fits" if by_res[at]["peak_mb"] < machine_gb * 1024 else "**does not fit**"
-            verdict = f"{ratio['memory']:.2f}, {ratio['time']:.2f}: {fits} {machine_gb:.0f} GB" if ratio else fits
-        elif ratio:
-            memory_ok = "met" if ratio["memory"] <= goal else "**over**"
-            time_ok = "" if not data["train"] else " (time " + (
-                "met" if ratio["time"] <= GOALS["train_time"] else "**over**") + ")"
-            tensors = f" ({ratio['tensors']:.2f})" if ratio.get("tensors") is not None else ""
-            verdict = f"{ratio['memory']:.2f}{tensors}, {ratio['time']:.2f}: memory {memory_ok}{time_ok}"
-        exponent = growth(by_res, resolutions)
-        lines.append(f"| `{encoding}` | " + " | ".join(cells) + f" | {verdict} | "
-                     f"{'-' if exponent is None else f'{exponent:.2f}'} |")
+    ratio = data["ratios"].get(encoding, {}).get(at)
+    if machine_gb is not None and "peak_mb" in by_res.get(at, {}):
+        fits = "fits" if by_res[at]["peak_mb"] < machine_gb * 1024 else "**does not fit**"
+        return f"{ratio['memory']:.2f}, {ratio['time']:.2f}: {fits} {machine_gb:.0f} GB" if ratio else fits
+    if not ratio:
+        return "-"
+    goal = GOALS["train_memory" if data["train"] else "infer_memory"]
+    memory_ok = "met" if ratio["memory"] <= goal else "**over**"
+    time_ok = "" if not data["train"] else " (time " + (
+        "met" if ratio["time"] <= GOALS["train_time"] else "**over**") + ")"
+    tensors = f" ({ratio['tensors']:.2f})" if ratio.get("tensors") is not None else ""
+    return f"{ratio['memory']:.2f}{tensors}, {ratio['time']:.2f}: memory {memory_ok}{time_ok}"
+
+
+def memory_caption(data: dict[str, Any], at: str, machine_gb: float | None) -> str:
+    """The sentences under :func:`memory_block`'s table: what was measured, how, and what the ratio column means."""
+    from .memory import GOALS
+
+    goal = GOALS["train_memory" if data["train"] else "infer_memory"]
     what = f"a training step, batch {data['batch_size']}" if data["train"] else f"inference, batch {data['batch_size']}"
     timed = (f"the median time of {data['repeats']} more calls" if data["repeats"] > 1 else
              "the time of one more call" if data["repeats"] else "the time of that call")
@@ -313,9 +302,35 @@ def memory_block(results: Path, name: str, goal_px: int = 896, machine_gb: float
     else:
         where = (f"{data['device'].replace(', torch', '; torch')}: the peak of live bytes during the first call at "
                  "each size (`torch.cuda.max_memory_allocated`) over what was allocated before it, in one process")
-    lines += ["", f"ViT-{data['size'].upper()}/16, {what}, {where}, and {timed}. The ratio "
-              f"column gives {goal_text}. Growth: the exponent of memory in tokens from the first to the last "
-              f"resolution (1.0: linear). {provenance_line(data)}"]
+    return (f"ViT-{data['size'].upper()}/16, {what}, {where}, and {timed}. The ratio "
+            f"column gives {goal_text}. Growth: the exponent of memory in tokens from the first to the last "
+            f"resolution (1.0: linear). {provenance_line(data)}")
+
+
+def memory_block(results: Path, name: str, goal_px: int = 896, machine_gb: float | None = None) -> str:
+    """Peak memory and time against resolution (``python -m lab memory``), each encoding's ratio to ``ape`` at
+    ``goal_px`` against the issue's goal (``machine_gb``: instead, whether the call fits a machine of that memory),
+    and its memory growth exponent in tokens."""
+    from .memory import growth
+
+    data = load(results, name)
+    if data is None:
+        return f"_Not measured yet: `results/{name}` is missing._\n"
+    resolutions = data["resolutions"]
+    at = str(goal_px) if str(goal_px) in map(str, resolutions) else str(resolutions[-1])
+    head = [f"{r} px" for r in resolutions]
+    lines = ["| encoding | " + " | ".join(head) + f" | × `ape` at {at} px: memory (tensors), time | growth |",
+             "|---" * (len(head) + 3) + "|"]
+    for encoding, by_res in data["rows"].items():
+        cells = []
+        for r in map(str, resolutions):
+            row = by_res.get(r, {})
+            cells.append(f"{row['peak_mb']:.0f} MB, {seconds(row['time_s'])}" if "peak_mb" in row else
+                         f"failed: {row.get('error', '?')[:40]}" if row else "not measured")
+        verdict, exponent = memory_verdict(data, by_res, encoding, at, machine_gb), growth(by_res, resolutions)
+        lines.append(f"| `{encoding}` | " + " | ".join(cells) + f" | {verdict} | "
+                     f"{'-' if exponent is None else f'{exponent:.2f}'} |")
+    lines += ["", memory_caption(data, at, machine_gb)]
     return "\n".join(lines) + "\n"
 
 
