@@ -704,3 +704,37 @@ def test_distances_an_axis_at_a_time_are_the_norm_of_the_differences(axes):
     assert torch.equal(pairwise_distance(grid, grid[:7]), exact[:, :7])
     offsets = [coords[:, :, None, axis] - coords[:, None, :, axis] for axis in range(axes - 1)]
     assert not torch.allclose(offset_length(offsets), norm)
+
+
+@pytest.mark.parametrize("encoding", ["vit_t4_liere8", "vit_t4_liere"])
+def test_liere_rotates_a_naflex_batch_on_its_cells_where_they_are_few(encoding, monkeypatch):
+    """Without gradients, a NaFlex batch whose rectangle of cells holds at most CELL_GRID_RATIO times a sample's tokens
+    is rotated on the rectangle (each cell's rotation serves every sample), where the per-token path gathers each
+    token's own: its logits equal that path's and each image's alone (float64), padded, and with tokens dropped. The
+    controls: a rectangle over the ratio, and two tokens of a sample on one cell, take the gathered path; slots moved
+    by one move the logits."""
+    taken = []
+    on_cells = liere.LieRE.rotate_on_cells
+    monkeypatch.setattr(liere.LieRE, "rotate_on_cells", lambda self, *a: taken.append(1) or on_cells(self, *a))
+    same = naflex_batch([torch.randn(3, 32, 32, dtype=torch.float64) for _ in range(3)])  # 64 cells, 64 tokens
+    dropped = {k: torch.cat([v[:, :64:2], v[:, 64:]], 1) for k, v in same.items()}  # 56 cells, 32 tokens
+    mixed = naflex_batch([torch.randn(3, 16, 64, dtype=torch.float64), torch.randn(3, 64, 16, dtype=torch.float64)])
+    twice = {k: v.clone() for k, v in same.items()}
+    twice["patch_coord"][0, 1] = twice["patch_coord"][0, 0]  # two tokens of a sample on one cell
+    with torch.no_grad():
+        for batch, rectangle in ((same, True), (dropped, True), (mixed, False), (twice, False)):
+            model = perturbed(encoding).eval()  # a rectangle of its own: a model's grows to the largest batch's
+            taken.clear()
+            out = model(batch)
+            assert bool(taken) is rectangle
+            with monkeypatch.context() as gathered:
+                gathered.setattr(liere, "CELL_GRID_RATIO", 0)
+                torch.testing.assert_close(out, model(batch), rtol=0, atol=1e-12)
+            for i in range(len(out)):  # each image alone, its padding and dropped tokens as they are
+                alone = perturbed(encoding).eval()({k: v[i : i + 1] for k, v in batch.items()})
+                torch.testing.assert_close(out[i], alone[0], rtol=0, atol=1e-10)
+        model = perturbed(encoding).eval()
+        reference = model(same)
+        grid_slots = liere.grid_slots
+        monkeypatch.setattr(liere, "grid_slots", lambda *a: grid_slots(*a).roll(1, -1))  # the control: slots moved
+        assert (model(same) - reference).abs().max() > 1e-3

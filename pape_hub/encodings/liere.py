@@ -69,6 +69,12 @@ BLOCK_BYTES = 4 << 20
 #: 10.6-11.4, 7.6-8.3 and 6.8-7.1 s a forward; ViT-S/16 896 px batch 1, 16-17, 12 and 12 s, resident peak +67, +78
 #: and +88 MB (docs/speed.md)
 INFERENCE_BLOCK_BYTES = 4 << 20
+#: a NaFlex batch's queries and keys are rotated on the cells' rectangle (:meth:`LieRE.rotate_on_cells`) where it holds
+#: at most this many times a sample's tokens: there each cell's rotation serves the whole batch, where the per-token
+#: path gathers every token's own. Ad hoc, LieRE-8 at ViT-S/16, one layer of `python -m lab padding`'s batches of 8: the
+#: NaFlex dict of 224 px squares (the rectangle holds 1x their tokens) 7.2-8.4 ms on the rectangle against 14.0-15.2 ms
+#: gathered; the padded batch of 8 aspect ratios (2.9x) 16.2-18.5 ms against 13.0-15.6 ms
+CELL_GRID_RATIO = 2
 
 
 def skew_symmetric(raw: torch.Tensor) -> torch.Tensor:
@@ -521,6 +527,19 @@ def take_rotations(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return table.index_select(-4, index.reshape(-1)).unflatten(-4, index.shape).movedim(-5, -6)
 
 
+def grid_slots(index: torch.Tensor, on_grid: torch.Tensor, cells: int) -> torch.Tensor | None:
+    """(B, T) each token's slot on a rectangle of ``cells`` cells (``index``: its cell) for
+    :meth:`LieRE.rotate_on_cells`: its cell, or the spare slot ``cells`` off the grid (``on_grid`` False: a prefix
+    token, padding). None where the rectangle holds more than :data:`CELL_GRID_RATIO` times a sample's tokens on it,
+    or where two of a sample's tokens share a cell (a packed row, repeated coordinates)."""
+    if cells > CELL_GRID_RATIO * max(1, int(on_grid.sum(-1).max())):
+        return None
+    slots = torch.where(on_grid, index, cells)
+    taken = torch.zeros(index.shape[0], cells + 1, dtype=torch.long, device=index.device)
+    taken.scatter_add_(1, slots, torch.ones_like(slots))
+    return None if bool((taken[:, :cells] > 1).any()) else slots
+
+
 class CellRotations(NamedTuple):
     """Every layer's rotations of the whole cells of a rectangle that holds a batch's per-sample coordinates (a NaFlex
     batch's patch indices), and each token's cell. Per-token coordinates change with every batch, so they key no
@@ -529,6 +548,7 @@ class CellRotations(NamedTuple):
 
     tables: tuple[torch.Tensor, ...]  #: per layer (H, cells, G, b, b)
     index: torch.Tensor  #: (B, T) each token's cell
+    slots: torch.Tensor | None = None  #: (B, T) :func:`grid_slots`, where the batch is rotated on the rectangle
 
     def layer(self, layer: int, block: slice = slice(None)) -> torch.Tensor:
         """``layer``'s rotations of the tokens ``block`` of every sample, heads first as the gather makes them:
@@ -607,7 +627,7 @@ class LieRE(PositionEncoding):
         (NaFlex's patch indices) without gradients take their cells' rotations, kept across forwards
         (:meth:`cell_rotations`)."""
         coords = self.token_coordinates(pos)
-        cells = self.cell_rotations(coords) if pos.per_sample else None
+        cells = self.cell_rotations(coords, self.on_grid(pos)) if pos.per_sample else None
         if cells is not None:
             return coords, cells
         if self.trains_generators() or torch.compiler.is_compiling() \
@@ -618,7 +638,13 @@ class LieRE(PositionEncoding):
             return coords, None
         return coords, self._cached_rotations(pos)
 
-    def cell_rotations(self, coords: torch.Tensor) -> CellRotations | None:
+    @staticmethod
+    def on_grid(pos: TokenPositions) -> torch.Tensor:
+        """(B, P+N) per-sample positions' tokens that lie on their grid: not a prefix token, not padding."""
+        valid = pos.valid if pos.valid is not None else pos.coords.new_ones(pos.coords.shape[:2], dtype=torch.bool)
+        return torch.nn.functional.pad(valid, (pos.num_prefix_tokens, 0), value=False)
+
+    def cell_rotations(self, coords: torch.Tensor, on_grid: torch.Tensor | None = None) -> CellRotations | None:
         """Per-sample coordinates (B, T, p) rotated from the whole cells of a rectangle that holds them: every layer's
         rotations of those cells made once and kept across forwards (:meth:`cached`: a parameter change makes them
         again) while they take at most CACHE_BYTES. The rectangle grows to the largest a batch has needed, so that a
@@ -652,17 +678,45 @@ class LieRE(PositionEncoding):
         strides = torch.tensor([math.prod(extent[:d]) for d in range(len(extent))], device=coords.device)
         key = (extent, coords.device, coords.dtype, working)
         tables = self.cached(key, build, depends_on_params=True, slot="cells")  # beside a grid's rotations
-        return CellRotations(tables, (whole * strides).sum(-1))
+        index = (whole * strides).sum(-1)
+        slots = grid_slots(index, on_grid, math.prod(extent)) if on_grid is not None else None
+        return CellRotations(tables, index, slots)
 
     def rotate_cells(self, qk: torch.Tensor, coords: torch.Tensor, cells: CellRotations, layer: int) -> torch.Tensor:
-        """Queries and keys rotated by their cells' rotations of ``layer`` (no gradients): at once where the tokens'
-        rotations take at most STATE_BYTES, else BLOCK_BYTES of them at a time (:meth:`rotate_in_blocks`)."""
+        """Queries and keys rotated by their cells' rotations of ``layer`` (no gradients): on the cells' rectangle
+        where :func:`grid_slots` allows it and the queries and keys there take at most STATE_BYTES
+        (:meth:`rotate_on_cells`); else each token's rotations gathered, at once where they take at most STATE_BYTES,
+        else BLOCK_BYTES of them at a time (:meth:`rotate_in_blocks`)."""
         batch, tokens = cells.index.shape
-        size = self.rotations_bytes(batch * tokens, cells.tables[layer].element_size())
+        table = cells.tables[layer]
+        on_rectangle = math.prod(qk.shape[:3]) * (table.shape[1] + 1) * qk.shape[-1] * table.element_size()
+        if cells.slots is not None and on_rectangle <= STATE_BYTES:  # queries and keys on it, as rotations are kept
+            return self.rotate_on_cells(qk, table, cells.slots)
+        size = self.rotations_bytes(batch * tokens, table.element_size())
         if size <= STATE_BYTES:
             return self.rotate(qk, cells.layer(layer), heads_first=True)
         blocks = token_blocks(coords, max(1, tokens * BLOCK_BYTES // size))
         return self.rotate_in_blocks(qk, blocks, functools.partial(cells.layer, layer), heads_first=True)
+
+    def rotate_on_cells(self, qk: torch.Tensor, table: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Queries and keys (2, B, H, T, hd) scattered onto the cells' rectangle, rotated there as a square batch is
+        (each cell's rotation, ``table`` (H, cells, G, b, b), serves every sample) and gathered back (``slots``:
+        :func:`grid_slots`). The per-token path gathers each token's own rotations instead, (H, B, T, G, b, b): 4x the
+        queries and keys for LieRE-8, and memory is what it moves. Tokens off the grid (prefix, padding) keep their
+        values: a prefix token's rotation is the identity, and padding is masked out of attention."""
+        two, batch, heads, tokens, dim = qk.shape
+        cells = table.shape[1]
+        pairs = torch.arange(batch * heads, device=qk.device).view(batch, heads, 1)  # each (sample, head)'s rows
+        # (B * H * T,) each token's row on the rectangle, flattened with a spare row per (sample, head) after its cells;
+        # rows, not (2, B, H, T, hd) indices: an index as large as q and k cost more than the rotations it saved
+        rows = (pairs * (cells + 1) + slots[:, None, :]).flatten()
+        grid = qk.new_zeros(two, batch * heads * (cells + 1), dim).index_copy_(1, rows, qk.reshape(two, -1, dim))
+        rotated = self.rotate(grid.view(two, batch, heads, cells + 1, dim)[..., :cells, :], table)  # (2, B, H, C, hd)
+        back = (pairs * cells + slots.clamp(max=cells - 1)[:, None, :]).flatten()
+        out = rotated.reshape(two, -1, dim).index_select(1, back).view(qk.shape)
+        sample, token = (slots == cells).nonzero(as_tuple=True)  # off the grid: a few tokens a sample
+        out[:, sample, :, token] = qk[:, sample, :, token]
+        return out
 
     def rotate_in_blocks(self, qk: torch.Tensor, blocks: list[slice] | list[torch.Tensor],
                          rotations: Callable[[slice | torch.Tensor], torch.Tensor], heads_first: bool = False
