@@ -712,7 +712,8 @@ def test_liere_rotates_a_naflex_batch_on_its_cells_where_they_are_few(encoding, 
     is rotated on the rectangle (each cell's rotation serves every sample), where the per-token path gathers each
     token's own: its logits equal that path's and each image's alone (float64), padded, and with tokens dropped. The
     controls: a rectangle over the ratio, and two tokens of a sample on one cell, take the gathered path; slots moved
-    by one move the logits."""
+    by one move the logits. A batch of squares after one of mixed aspect ratios, which grew the table's rectangle, is
+    rotated on its own corner of it."""
     taken = []
     on_cells = liere.LieRE.rotate_on_cells
     monkeypatch.setattr(liere.LieRE, "rotate_on_cells", lambda self, *a: taken.append(1) or on_cells(self, *a))
@@ -733,8 +734,13 @@ def test_liere_rotates_a_naflex_batch_on_its_cells_where_they_are_few(encoding, 
             for i in range(len(out)):  # each image alone, its padding and dropped tokens as they are
                 alone = perturbed(encoding).eval()({k: v[i : i + 1] for k, v in batch.items()})
                 torch.testing.assert_close(out[i], alone[0], rtol=0, atol=1e-10)
+            if batch is same:
+                reference = out
         model = perturbed(encoding).eval()
-        reference = model(same)
+        model(mixed)  # the table's rectangle grows to the mixed batch's 16 x 16 cells
+        taken.clear()
+        torch.testing.assert_close(model(same), reference, rtol=0, atol=1e-12)
+        assert taken  # the squares are rotated on their own 8 x 8 corner of it
         grid_slots = liere.grid_slots
         monkeypatch.setattr(liere, "grid_slots", lambda *a: grid_slots(*a).roll(1, -1))  # the control: slots moved
         assert (model(same) - reference).abs().max() > 1e-3

@@ -548,7 +548,21 @@ class CellRotations(NamedTuple):
 
     tables: tuple[torch.Tensor, ...]  #: per layer (H, cells, G, b, b)
     index: torch.Tensor  #: (B, T) each token's cell
-    slots: torch.Tensor | None = None  #: (B, T) :func:`grid_slots`, where the batch is rotated on the rectangle
+    #: (B, T) :func:`grid_slots` on the batch's own rectangle (``needed`` cells per axis, a corner of the table's
+    #: ``extent``), where the batch is rotated on it
+    slots: torch.Tensor | None = None
+    extent: tuple[int, ...] = ()
+    needed: tuple[int, ...] = ()
+
+    def own_rectangle(self, layer: int) -> torch.Tensor:
+        """``layer``'s rotations of the cells of the batch's own rectangle, which :attr:`slots` index: (H, cells, G, b,
+        b), the table itself, or the corner of it that the batch needs (a copy: the table grows to the largest batch's
+        rectangle, and a batch of squares after one of mixed aspect ratios would otherwise be rotated on all of it)."""
+        table = self.tables[layer]
+        if self.needed == self.extent:
+            return table
+        corner = table.unflatten(1, self.extent[::-1])[(slice(None), *(slice(0, n) for n in self.needed[::-1]))]
+        return corner.flatten(1, len(self.extent))
 
     def layer(self, layer: int, block: slice = slice(None)) -> torch.Tensor:
         """``layer``'s rotations of the tokens ``block`` of every sample, heads first as the gather makes them:
@@ -678,9 +692,11 @@ class LieRE(PositionEncoding):
         strides = torch.tensor([math.prod(extent[:d]) for d in range(len(extent))], device=coords.device)
         key = (extent, coords.device, coords.dtype, working)
         tables = self.cached(key, build, depends_on_params=True, slot="cells")  # beside a grid's rotations
-        index = (whole * strides).sum(-1)
-        slots = grid_slots(index, on_grid, math.prod(extent)) if on_grid is not None else None
-        return CellRotations(tables, index, slots)
+        slots = None
+        if on_grid is not None:  # each token's cell on the batch's own rectangle, as the table's on its
+            own = torch.tensor([math.prod(needed[:d]) for d in range(len(needed))], device=coords.device)
+            slots = grid_slots((whole * own).sum(-1), on_grid, math.prod(needed))
+        return CellRotations(tables, (whole * strides).sum(-1), slots, extent, needed)
 
     def rotate_cells(self, qk: torch.Tensor, coords: torch.Tensor, cells: CellRotations, layer: int) -> torch.Tensor:
         """Queries and keys rotated by their cells' rotations of ``layer`` (no gradients): on the cells' rectangle
@@ -689,9 +705,10 @@ class LieRE(PositionEncoding):
         else BLOCK_BYTES of them at a time (:meth:`rotate_in_blocks`)."""
         batch, tokens = cells.index.shape
         table = cells.tables[layer]
-        on_rectangle = math.prod(qk.shape[:3]) * (table.shape[1] + 1) * qk.shape[-1] * table.element_size()
+        own = math.prod(cells.needed)  # the batch's own rectangle's cells
+        on_rectangle = math.prod(qk.shape[:3]) * (own + 1) * qk.shape[-1] * table.element_size()
         if cells.slots is not None and on_rectangle <= STATE_BYTES:  # queries and keys on it, as rotations are kept
-            return self.rotate_on_cells(qk, table, cells.slots)
+            return self.rotate_on_cells(qk, cells.own_rectangle(layer), cells.slots)
         size = self.rotations_bytes(batch * tokens, table.element_size())
         if size <= STATE_BYTES:
             return self.rotate(qk, cells.layer(layer), heads_first=True)
