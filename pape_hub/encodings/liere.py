@@ -707,7 +707,7 @@ class LieRE(PositionEncoding):
         table = cells.tables[layer]
         own = math.prod(cells.needed)  # the batch's own rectangle's cells
         on_rectangle = math.prod(qk.shape[:3]) * (own + 1) * qk.shape[-1] * table.element_size()
-        if cells.slots is not None and on_rectangle <= STATE_BYTES:  # queries and keys on it, as rotations are kept
+        if cells.slots is not None and on_rectangle <= STATE_BYTES:  # bounded as a layer's rotations at once are
             return self.rotate_on_cells(qk, cells.own_rectangle(layer), cells.slots)
         size = self.rotations_bytes(batch * tokens, table.element_size())
         if size <= STATE_BYTES:
