@@ -29,7 +29,8 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -n 2 -m "not extended"
 
-# every test, the `extended` slices too (timm's suite on the second half of the encoding classes)
+# every test, the `extended` ones too (timm's suite on the second half of the encoding classes, inductor on two more
+# encodings: what a cold compile cache makes slow on a fresh CI machine)
 test-all: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -n 2
