@@ -527,6 +527,13 @@ def take_rotations(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return table.index_select(-4, index.reshape(-1)).unflatten(-4, index.shape).movedim(-5, -6)
 
 
+def cell_index(whole: torch.Tensor, extent: tuple[int, ...]) -> torch.Tensor:
+    """(B, T, p) whole coordinates -> (B, T) each one's cell in a rectangle of ``extent`` cells per axis, the first axis
+    fastest (cell x at sum_d x_d prod(extent[:d]), as :meth:`LieRE.cell_rotations` lays out its table)."""
+    strides = torch.tensor([math.prod(extent[:d]) for d in range(len(extent))], device=whole.device)
+    return (whole * strides).sum(-1)
+
+
 def grid_slots(index: torch.Tensor, on_grid: torch.Tensor, cells: int) -> torch.Tensor | None:
     """(B, T) each token's slot on a rectangle of ``cells`` cells (``index``: its cell) for
     :meth:`LieRE.rotate_on_cells`: its cell, or the spare slot ``cells`` off the grid (``on_grid`` False: a prefix
@@ -684,19 +691,16 @@ class LieRE(PositionEncoding):
 
         def build() -> tuple[torch.Tensor, ...]:
             with full_precision(coords.device):
-                # the rectangle's whole cells (cells, p), the first axis fastest: cell x at sum_d x_d prod(extent[:d])
+                # the rectangle's whole cells (cells, p), the first axis fastest, as cell_index numbers them
                 cells = grid_positions(extent[::-1], 0, device=coords.device, dtype=coords.dtype).coords
                 tables = [self.rotations(cells, layer) for layer in range(self.ctx.depth)]  # (H, cells, G, b, b)
             return tuple(table.to(working or table.dtype) for table in tables)
 
-        strides = torch.tensor([math.prod(extent[:d]) for d in range(len(extent))], device=coords.device)
         key = (extent, coords.device, coords.dtype, working)
         tables = self.cached(key, build, depends_on_params=True, slot="cells")  # beside a grid's rotations
-        slots = None
-        if on_grid is not None:  # each token's cell on the batch's own rectangle, as the table's on its
-            own = torch.tensor([math.prod(needed[:d]) for d in range(len(needed))], device=coords.device)
-            slots = grid_slots((whole * own).sum(-1), on_grid, math.prod(needed))
-        return CellRotations(tables, (whole * strides).sum(-1), slots, extent, needed)
+        # each token's slot on the batch's own rectangle, where it is rotated on it
+        slots = grid_slots(cell_index(whole, needed), on_grid, math.prod(needed)) if on_grid is not None else None
+        return CellRotations(tables, cell_index(whole, extent), slots, extent, needed)
 
     def rotate_cells(self, qk: torch.Tensor, coords: torch.Tensor, cells: CellRotations, layer: int) -> torch.Tensor:
         """Queries and keys rotated by their cells' rotations of ``layer`` (no gradients): on the cells' rectangle
