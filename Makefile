@@ -27,18 +27,18 @@ TEST_ENV := OMP_NUM_THREADS=1
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -n 2 -m "not extended"
+	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -n 2 --dist worksteal -m "not extended"
 
-# every test, the `extended` ones too (timm's suite on the second half of the encoding classes, inductor on two more
-# encodings: what a cold compile cache makes slow on a fresh CI machine)
+# every test, the `extended` ones too (timm's and transformers' suites on the second half of the encoding classes,
+# inductor on one encoding of each mechanism: what a cold compile cache makes slow on a fresh CI machine)
 test-all: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -n 2
+	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -n 2 --dist worksteal
 
 # the quick tier while working: everything but the slow, host-suite and export tests (CI runs `make test`)
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -n 2 -m "not slow and not hosts and not export and not extended"
+	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -n 2 --dist worksteal -m "not slow and not hosts and not export and not extended"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

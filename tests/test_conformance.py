@@ -199,6 +199,7 @@ print(type(AutoConfig.for_model("pape_vivit")).__name__, pipeline.__name__)
 '''
 
 
+@pytest.mark.slow  # a subprocess client: scheduled first (conftest)
 def test_the_transformers_face_registers_when_transformers_is_imported():
     """``import pape_hub`` leaves transformers unimported; the first import of transformers, whichever statement
     makes it (here ``from transformers import pipeline``, whose chain once met the face half-way), registers the

@@ -1,7 +1,7 @@
 """Data-parallel training with accelerate on 2 CPU processes (gloo), launched as a user would:
 ``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 -m pape_hub_cli train ...``. It shards the
 data, writes one checkpoint set, only the main process prints the summary, it matches one process at the same global
-batch, and a run stopped after epoch 1 and resumed ends at one uninterrupted process's weights."""
+batch, and a run stopped after epoch 1 and resumed ends at an uninterrupted run's weights, bit for bit."""
 
 from __future__ import annotations
 
@@ -49,9 +49,10 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def test_two_processes_shard_match_one_process_and_resume_exactly(tmp_path):
-    """Two processes stopped after epoch 1 and resumed take the steps one process takes at the same global batch (a
-    resume that lost a process's place in its shard, or its random state, would train on other samples: far more than
-    the reduction order's 1e-5). Two launches: the stopped run's first epoch is what an uninterrupted run would do."""
+    """Two processes stopped after epoch 1 and resumed end at the weights of two processes not stopped, bit for bit,
+    and take the steps one process takes at the same global batch (a resume that lost a process's place in its shard,
+    or its random state, would train on other samples: far more than the reduction order's 1e-5)."""
+    launch(tmp_path / "whole", 16)
     launch(tmp_path / "two", 16, "--stop-after-epoch", "1")  # global batch 32
     resumed = launch(tmp_path / "two", 16, "--resume", str(tmp_path / "two"))
     one_process(tmp_path / "one", 32)
@@ -62,5 +63,6 @@ def test_two_processes_shard_match_one_process_and_resume_exactly(tmp_path):
         ["best", "last", "metrics.jsonl", "results.json", "state", "training_curve.png"]
     assert len((tmp_path / "two" / "metrics.jsonl").read_text().splitlines()) == 2
     assert len(list((tmp_path / "two" / "state").glob("random_states_*.pkl"))) == 2  # one per process
-    a, b = weights(tmp_path / "two"), weights(tmp_path / "one")
+    a, b, whole = weights(tmp_path / "two"), weights(tmp_path / "one"), weights(tmp_path / "whole")
+    assert all(torch.equal(a[k], whole[k]) for k in a)  # resumed exactly
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)  # the same steps, reduced in another order

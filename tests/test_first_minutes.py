@@ -38,6 +38,7 @@ def test_the_default_model_is_the_arrow_tasks_and_records_its_real_size():
     assert sum(p.numel() for p in timm.create_model(cfg.model).parameters()) < 10**6
 
 
+@pytest.mark.slow  # a subprocess client: scheduled first (conftest)
 def test_train_says_what_it_does_at_once_and_reports_progress_in_a_log(tmp_path):
     """stdout and stderr to a file (no terminal): a start line within 2 s, the model and data line, plain
     progress lines inside the epoch (every 30 s; 0.05 s here) and an epoch line with its time and what is left."""
@@ -73,6 +74,7 @@ def test_a_missing_optional_dependency_names_the_extra(blocked, call, extra):
     assert f"comes with pape_hub's '{extra}' extra: pip install 'pape_hub[{extra}]'" in done.stderr, done.stderr[-1500:]
 
 
+@pytest.mark.slow  # a subprocess client: scheduled first (conftest)
 def test_eval_sweeps_the_task_sizes_by_default_without_a_useless_top5(tmp_path):
     from test_training import arrow_config
 
@@ -113,6 +115,7 @@ def test_the_licence_is_in_the_repository_and_declared(tmp_path):
     assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
 
 
+@pytest.mark.slow  # a subprocess client: scheduled first (conftest)
 def test_stopping_a_comparison_says_what_is_kept_and_resume_keeps_it(tmp_path):
     command = [sys.executable, "-m", "lab", "arrows", "--encodings", "none,ape", "--seeds", "0",
                "--epochs", "1", "--train-size", "128", "--eval-size", "16", "--hub", "none", "--results-dir", "none",

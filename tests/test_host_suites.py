@@ -20,7 +20,6 @@ pytestmark = pytest.mark.hosts  # `make test-fast` leaves these out; `make test`
 #: model (tokens: ape; an attention bias: alibi; rotations made per layer: liere8, rope_mixed; tokens, q/k and
 #: per-layer state: pape), then the other classes (every name: ``scripts/host_suites.py``)
 HOOK_CLASSES = ("ape", "alibi", "liere8", "pape", "rope_mixed")
-SLICES = ["hooks", "rest"]
 #: transformers tests that must pass in each slice: together the 200 the suite asserted before it was split (the rest
 #: slice passes every selected test but transformers' tied-weights reload, an expected failure)
 MIN_PASSED = {"hooks": 113, "rest": 87}
@@ -32,13 +31,14 @@ def encoding_classes(part: str) -> list[str]:
     return [n for n in names if (n in HOOK_CLASSES) == (part == "hooks")]
 
 
-#: timm's suite on the rest slice repeats, for classes that enter the model as a hooks-slice class does, what the
-#: project's own tests check of every encoding (forward and backward, FX feature extraction, default configs): CI
+#: each suite on the rest slice repeats, for classes that enter the model as a hooks-slice class does, what the
+#: project's own tests check of every encoding (timm's: forward and backward, FX feature extraction, default configs;
+#: transformers': save and load, determinism, batching, training, attention and hidden-state outputs, meta init): CI
 #: (``make test``) leaves it out to stay within its time; ``make test-all`` and ``scripts/host_suites.py`` run it
-TIMM_SLICES = ["hooks", pytest.param("rest", marks=pytest.mark.extended)]
+CI_SLICES = ["hooks", pytest.param("rest", marks=pytest.mark.extended)]
 
 
-@pytest.mark.parametrize("part", TIMM_SLICES)
+@pytest.mark.parametrize("part", CI_SLICES)
 def test_timm_model_suite_on_every_encoding_class(tmp_path, part):
     """timm's suite on the tiny image model of every encoding class, in two slices (``scripts/host_suites.py``:
     every name)."""
@@ -59,7 +59,7 @@ ENCODING_TESTS = [  # the tests where an encoding's own code takes part (every o
 ]
 
 
-@pytest.mark.parametrize("part", SLICES)
+@pytest.mark.parametrize("part", CI_SLICES)
 def test_transformers_model_suite_on_every_encoding_class(tmp_path, part):
     """transformers' own model tests, as a transformers user's CI would run them on a new model. The hooks slice: the
     whole mixin on the PaPE image model (every hook: tokens, augmented q/k, per-layer state), the backbone tests, and

@@ -156,6 +156,7 @@ def test_sharded_folders_load_in_both_faces_locally(tmp_path):
     assert torch.equal(via_hf, expected)
 
 
+@pytest.mark.slow  # a subprocess client: scheduled first (conftest)
 def test_timm_loads_a_revision_and_a_sharded_repo_from_the_hub(tmp_path):
     from lab.local_hub import LocalHub
     from pape_hub.hf import PapeViTConfig, PapeViTForImageClassification

@@ -30,16 +30,21 @@ def hub(tmp_path):
     server.stop()
 
 
-def client(hub: LocalHub, tmp_path: Path, script: str, token: bool = True, **extra: str
-           ) -> subprocess.CompletedProcess:
+def client_env(hub: LocalHub, tmp_path: Path, token: bool = True, **extra: str) -> dict[str, str]:
+    """A client process's environment: the local Hub as its endpoint, its own HF_HOME."""
     env = {**os.environ, **hub.client_env(), "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_ETAG_TIMEOUT": "30",
            "HF_HUB_DOWNLOAD_TIMEOUT": "30", **extra}
     if "HF_HUB_OFFLINE" not in extra:
         env.pop("HF_HUB_OFFLINE", None)
     if not token:
         env.pop("HF_TOKEN")
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=600)
+    return env
+
+
+def client(hub: LocalHub, tmp_path: Path, script: str, token: bool = True, **extra: str
+           ) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                          env=client_env(hub, tmp_path, token, **extra), cwd=ROOT, timeout=600)
 
 
 def tiny_checkpoint(folder: Path, encoding: str = "pape", seed: int = 0) -> Path:
@@ -160,33 +165,42 @@ def drop_connection(*args, **kwargs):
 
 
 def test_interrupted_push_leaves_the_old_commit_and_a_retry_succeeds(hub, tmp_path, monkeypatch):
+    """One client pushes four times, waiting between pushes while the test breaks the Hub or mends it: a first
+    version; a second, its LFS upload dropped; the second, its commit dropped; the second again, then loaded back."""
     first, second = tiny_checkpoint(tmp_path / "v1", seed=0), tiny_checkpoint(tmp_path / "v2", seed=1)
-    done = client(hub, tmp_path, f"""
+    script = textwrap.dedent(f"""
+        import huggingface_hub.utils._http as http
+        http.time.sleep = lambda seconds: None  # its retries, without the back-off waits (about 23 s a push)
         from pape_hub.hub import push_checkpoint
-        push_checkpoint("{first}", "org/safe")
-        print("first pushed")
-    """)
-    assert "first pushed" in done.stdout, done.stderr[-2000:]
-    head = hub.head("org/safe")
-    for step in ("receive_lfs", "commit"):  # dropped during the LFS upload, then during the commit
-        monkeypatch.setattr(hub, step, drop_connection)  # huggingface_hub retries; every try fails
-        failed = client(hub, tmp_path, f"""
-            import huggingface_hub.utils._http as http
-            http.time.sleep = lambda seconds: None  # its retries, without the back-off waits (about 23 s a push)
-            from pape_hub.hub import push_checkpoint
+        for folder in ("{first}", "{second}", "{second}"):
             try:
-                push_checkpoint("{second}", "org/safe")
+                push_checkpoint(folder, "org/safe")
+                print("pushed", flush=True)
             except Exception as err:
-                print("failed:", type(err).__name__)
-        """, HF_HUB_DOWNLOAD_TIMEOUT="5", HF_HUB_ETAG_TIMEOUT="5")
-        monkeypatch.undo()
-        assert "failed:" in failed.stdout, failed.stdout + failed.stderr[-2000:]
-        assert hub.head("org/safe") == head  # the old commit, whole
-    retry = client(hub, tmp_path, f"""
-        from pape_hub.hub import push_checkpoint
+                print("failed:", type(err).__name__, flush=True)
+            input()  # the test breaks or mends the Hub for the next push
         push_checkpoint("{second}", "org/safe")
-    """ + LOAD_BACK.format(folder=second, repo="org/safe"))
-    assert retry.stdout.strip().endswith("[true, true]"), retry.stderr[-3000:]
+    """) + textwrap.dedent(LOAD_BACK.format(folder=second, repo="org/safe"))
+    env = client_env(hub, tmp_path, HF_HUB_DOWNLOAD_TIMEOUT="5", HF_HUB_ETAG_TIMEOUT="5")
+    with (tmp_path / "client.err").open("w+") as err, subprocess.Popen(
+            [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+            env=env, cwd=ROOT) as process:
+        said = [process.stdout.readline()]
+        head = hub.head("org/safe")
+        for step in ("receive_lfs", "commit"):  # dropped during the LFS upload, then during the commit
+            monkeypatch.setattr(hub, step, drop_connection)  # huggingface_hub retries; every try fails
+            process.stdin.write("\n")
+            process.stdin.flush()
+            said.append(process.stdout.readline())
+            monkeypatch.undo()
+            assert hub.head("org/safe") == head  # the old commit, whole
+        process.stdin.write("\n")
+        process.stdin.flush()
+        said.append(process.stdout.read())
+        process.wait(timeout=600)
+        err.seek(0)
+        assert said[0] == "pushed\n" and all(s.startswith("failed:") for s in said[1:3]), (said, err.read()[-3000:])
+        assert said[3].strip().endswith("[true, true]"), (said, err.read()[-3000:])
     assert len(hub.history("org/safe", None)) == 2
 
 

@@ -25,6 +25,7 @@ EVENTS = ('{"sensor_size": [32, 32], "event_patch_size": 8, "threshold": 8, "tim
           '"nominal_duration": 100000, "embed_dim": 32, "depth": 1, "num_heads": 2}')
 
 
+@pytest.mark.slow  # a subprocess client: scheduled first (conftest)
 def test_train_eval_card_push_and_load_a_point_model_by_hub_id(hub, tmp_path, capsys):  # noqa: F811
     run = tmp_path / "run"
     common = ["--train-size", "64", "--eval-size", "32", "--batch-size", "16", "--quiet"]

@@ -222,6 +222,7 @@ def test_trainer_fine_tunes_on_native_resolution_batches(hf_model, tmp_path):
         hf_model.eval()
 
 
+@pytest.mark.slow  # a subprocess client: scheduled first (conftest)
 def test_remote_code_takes_native_batches_without_pape_hub(hf_model, tmp_path):
     import subprocess
     import sys

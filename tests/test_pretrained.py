@@ -263,6 +263,7 @@ for entry in {entries}:
 """
 
 
+@pytest.mark.slow  # a subprocess client: scheduled first (conftest)
 def test_every_user_path_loads_sources_from_the_hub(hub, tmp_path):  # noqa: F811 - the fixture
     entries = ["vit_s16_ape.fb_deit3_in1k", "vit_s16_rope_mixed.naver_in1k", "vit_b16_ape.mae",
                "vit_s16_rope_dinov3.lvd1689m"]
@@ -407,6 +408,7 @@ def test_lookhere_release_loads_from_the_hub_through_every_user_path(hub, tmp_pa
     assert config["pretrained_cfg"]["crop_pct"] == 0.875
 
 
+@pytest.mark.slow  # a subprocess client: scheduled first (conftest)
 def test_every_entry_builds_at_full_size_and_one_converts_exactly():
     """Every published entry builds at its real size (meta device: no memory); one real-size source converts."""
     for entry in pape_hub.list_pretrained():

@@ -416,6 +416,7 @@ def running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # a subprocess client: scheduled first (conftest)
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
 def test_workers_stop_when_their_command_is_killed(tmp_path):
     """`python -m lab arrows` / `compare` killed: their worker processes stop too, instead of training on into folders

@@ -43,6 +43,7 @@ def test_save_refuses_a_folder_it_did_not_write_and_deletes_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v"]  # no temporary folder left either
 
 
+@pytest.mark.slow  # a subprocess client: scheduled first (conftest)
 def test_the_convert_command_refuses_it_too_before_downloading(tmp_path):
     folder = users_folder(tmp_path)
     done = subprocess.run([sys.executable, "-m", "pape_hub_cli", "convert", "vit_s16_ape.fb_deit3_in1k", str(folder)],

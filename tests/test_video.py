@@ -218,6 +218,7 @@ def test_transformers_video_face_round_trip_and_processor(tmp_path):
     assert abs(float(pixels[0, 0].mean()) - float((expected.mean() - 0.1) / 0.2)) < 0.1  # the model's normalisation
 
 
+@pytest.mark.slow  # a subprocess client: scheduled first (conftest)
 def test_video_folder_loads_with_remote_code_only(tmp_path):
     model = timm.create_model("vivit_t16_rope_mixed", num_classes=2, **TINY_VIDEO).eval()
     folder = save_checkpoint(model, tmp_path / "ckpt", label_names=["x", "y"])
