@@ -408,7 +408,7 @@ def test_lookhere_release_loads_from_the_hub_through_every_user_path(hub, tmp_pa
     assert config["pretrained_cfg"]["crop_pct"] == 0.875
 
 
-@pytest.mark.slow  # a subprocess client: scheduled first (conftest)
+@pytest.mark.slow  # a full-size float64 forward: scheduled first (conftest)
 def test_every_entry_builds_at_full_size_and_one_converts_exactly():
     """Every published entry builds at its real size (meta device: no memory); one real-size source converts."""
     for entry in pape_hub.list_pretrained():
