@@ -48,8 +48,9 @@ MECHANISMS = ["pape_ri", "liere8", "alibi"]
 def test_aot_autograd_forward_and_backward(encoding):
     """What inductor is handed, without its C++ compile: AOTAutograd traces the joint forward and backward graph
     with inductor's decompositions and partitioner and runs it; outputs and gradients equal eager's. (Plain
-    ``aot_eager`` fails PaPE's backward in torch 2.14 on a ``view`` of softplus's gradient, a stride its graph assumes
-    and eager does not give; inductor's decompositions, and inductor, run it.)"""
+    ``aot_eager`` fails PaPE-RI's backward in torch 2.14 on a ``view`` of softplus's gradient, a stride its graph
+    assumes and eager's kernel does not give: pytorch/pytorch#120035, open; inductor's decompositions, and inductor,
+    run it.)"""
     torch.manual_seed(0)
     model = timm.create_model(f"vit_t4_{encoding}", embed_dim=32, depth=2, num_heads=2)
     x = torch.randn(2, 3, 16, 16)
