@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from timm.layers import is_exporting, resample_abs_pos_embed, trunc_normal_
 from torch import nn
 
-from .base import EncodingContext, PositionEncoding, TokenPositions
+from .base import EncodingContext, PositionEncoding, TokenPositions, cell_index
 from .registry import register_encoding
 
 __all__ = ["AddsLearnedTable", "LearnedAbsolute", "NoPosition", "SinCos", "resample_table", "sincos_embedding"]
@@ -96,8 +94,7 @@ class LearnedAbsolute(PositionEncoding):
             grid = tuple(int(v) for v in size.flip(0))  # grid order (H, W) / (T, H, W)
             table = resample_table(self.pos_embed, grid, self.ctx.grid_size, self.table_prefix)
             rows = table[0, self.table_prefix:]  # (prod(grid), D), row-major
-            strides = torch.tensor([math.prod(grid[d + 1:]) for d in range(len(grid))], device=cells.device)
-            flat = (cells.flip(-1) * strides).sum(-1).clamp(max=rows.shape[0] - 1)  # (B, N)
+            flat = cell_index(cells, grid[::-1]).clamp(max=rows.shape[0] - 1)  # (B, N)
             mine = (sizes == size).all(-1)  # (B, N) the tokens of images of this size
             x_rows = torch.where(mine[..., None], rows[flat], x_rows)
         out = x_rows.masked_fill(~valid[..., None], 0.0)  # padding gets nothing

@@ -40,8 +40,8 @@ from torch import nn
 
 __all__ = [
     "BLOCKWISE_FROM", "BLOCK_ROWS", "STATE_BYTES", "BiasCoords", "BiasRows", "BiasRowsByHand", "EncodingContext",
-    "PositionEncoding", "TokenPositions", "autocast_dtype", "blockwise", "compute_dtype", "differentiated",
-    "full_precision", "grid_positions", "pad_prefix_bias", "row_blocks",
+    "PositionEncoding", "TokenPositions", "autocast_dtype", "blockwise", "cell_counts", "cell_index", "compute_dtype",
+    "differentiated", "full_precision", "grid_positions", "pad_prefix_bias", "row_blocks",
 ]
 
 
@@ -178,6 +178,21 @@ def grid_positions(
     if scale is not None:
         coords = coords * torch.tensor(scale, device=device, dtype=dtype)
     return TokenPositions(coords, num_prefix_tokens, tuple(grid_size), scale)
+
+
+def cell_index(whole: torch.Tensor, extent: tuple[int, ...]) -> torch.Tensor:
+    """(..., p) whole patch coordinates -> (...) each one's cell in a grid of ``extent`` cells per axis (coordinate
+    order: (x, y[, t])), the first axis fastest: a grid (H, W) / (T, H, W)'s row-major order, as the patch flatten and
+    :func:`grid_positions` lay it out (cell x at sum_d x_d prod(extent[:d]))."""
+    strides = torch.tensor([math.prod(extent[:d]) for d in range(len(extent))], device=whole.device)
+    return (whole * strides).sum(-1)
+
+
+def cell_counts(cell: torch.Tensor, cells: int) -> torch.Tensor:
+    """(B, T) each token's cell of a grid of ``cells`` cells, or ``cells`` for a token on none (padding) -> (B, cells)
+    how many of each sample's tokens lie on each cell."""
+    counts = torch.zeros(cell.shape[0], cells + 1, dtype=torch.long, device=cell.device)
+    return counts.scatter_add_(1, cell, torch.ones_like(cell))[:, :cells]
 
 
 #: from this many tokens (prefix included) attention runs in blocks of query rows and a bias encoding forms its bias

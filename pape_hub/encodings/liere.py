@@ -41,6 +41,8 @@ from .base import (
     PositionEncoding,
     TokenPositions,
     autocast_dtype,
+    cell_counts,
+    cell_index,
     compute_dtype,
     differentiated,
     full_precision,
@@ -527,13 +529,6 @@ def take_rotations(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return table.index_select(-4, index.reshape(-1)).unflatten(-4, index.shape).movedim(-5, -6)
 
 
-def cell_index(whole: torch.Tensor, extent: tuple[int, ...]) -> torch.Tensor:
-    """(B, T, p) whole coordinates -> (B, T) each one's cell in a rectangle of ``extent`` cells per axis, the first axis
-    fastest (cell x at sum_d x_d prod(extent[:d]), as :meth:`LieRE.cell_rotations` lays out its table)."""
-    strides = torch.tensor([math.prod(extent[:d]) for d in range(len(extent))], device=whole.device)
-    return (whole * strides).sum(-1)
-
-
 def grid_slots(index: torch.Tensor, on_grid: torch.Tensor, cells: int) -> torch.Tensor | None:
     """(B, T) each token's slot on a rectangle of ``cells`` cells (``index``: its cell) for
     :meth:`LieRE.rotate_on_cells`: its cell, or the spare slot ``cells`` off the grid (``on_grid`` False: a prefix
@@ -542,9 +537,7 @@ def grid_slots(index: torch.Tensor, on_grid: torch.Tensor, cells: int) -> torch.
     if cells > CELL_GRID_RATIO * max(1, int(on_grid.sum(-1).max())):
         return None
     slots = torch.where(on_grid, index, cells)
-    taken = torch.zeros(index.shape[0], cells + 1, dtype=torch.long, device=index.device)
-    taken.scatter_add_(1, slots, torch.ones_like(slots))
-    return None if bool((taken[:, :cells] > 1).any()) else slots
+    return None if bool((cell_counts(slots, cells) > 1).any()) else slots
 
 
 class CellRotations(NamedTuple):

@@ -33,7 +33,16 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .absolute import AddsLearnedTable
-from .base import BiasRows, EncodingContext, PositionEncoding, TokenPositions, differentiated, row_blocks
+from .base import (
+    BiasRows,
+    EncodingContext,
+    PositionEncoding,
+    TokenPositions,
+    cell_counts,
+    cell_index,
+    differentiated,
+    row_blocks,
+)
 from .registry import register_encoding
 
 __all__ = ["SaPE2", "SaPE2State"]
@@ -446,15 +455,12 @@ def scatter_plan(pos: TokenPositions) -> dict[str, Any]:
     cells = cells.long().masked_fill(~valid[..., None], 0)
     extent = pos.sample_grid_sizes()[:, 0]  # (B, p) coordinate order: one image a row
     grid = tuple(int(v) for v in extent.amax(0).flip(0))  # grid order: (H, W) / (T, H, W)
-    strides = torch.tensor([math.prod(grid[d + 1:]) for d in range(len(grid))], device=cells.device)  # grid order
-    flat = (cells.flip(-1) * strides).sum(-1)  # (B, N)
+    flat = cell_index(cells, grid[::-1])  # (B, N)
     flat = torch.where(valid, flat, torch.full_like(flat, math.prod(grid)))  # padding to a spare cell
-    present = torch.zeros(cells.shape[0], math.prod(grid) + 1, dtype=torch.long, device=cells.device)
-    present.scatter_add_(1, flat, torch.ones_like(flat))
-    if (present[:, :-1] > 1).any():
+    present = cell_counts(flat, math.prod(grid))
+    if (present > 1).any():
         raise ValueError("sape2 found two tokens at one grid cell of a sample; each patch index may appear once")
-    return dict(cell=flat.clamp(max=math.prod(grid) - 1), present=present[:, :-1] > 0, extent=extent, grid=grid,
-                valid=valid)
+    return dict(cell=flat.clamp(max=math.prod(grid) - 1), present=present > 0, extent=extent, grid=grid, valid=valid)
 
 
 def scatter_cells(t: torch.Tensor, plan: dict[str, Any]) -> torch.Tensor:
