@@ -157,18 +157,21 @@ def test_the_access_log_is_bounded(hub):
 
 
 def test_push_never_follows_a_link_out_of_the_folder(hub, tmp_path):
-    """A link the checkpoint did not write is not sent; one named by --include is refused before any upload."""
+    """A link the checkpoint did not write is not sent; one named by --include is refused before any upload. One
+    client makes both pushes, and checks through the Hub's API between them that the refused one made no repo."""
     folder = tiny_checkpoint(tmp_path / "ckpt")
     (tmp_path / "secret.json").write_text('{"private": "data"}')
     os.symlink(tmp_path / "secret.json", folder / "results.json")
     done = client(hub, tmp_path, f"""
+        import sys
+        from huggingface_hub import HfApi
         from pape_hub_cli import main
-        main(["push", "{folder}", "--repo-id", "org/linked", "--include", "results.json"])
+        print("refused push exits", main(["push", "{folder}", "--repo-id", "org/linked", "--include", "results.json"]),
+              "and leaves a repo:", HfApi().repo_exists("org/linked"), file=sys.stderr)
+        sys.exit(main(["push", "{folder}", "--repo-id", "org/linked"]))
     """)
+    assert done.returncode == 0, done.stderr[-2000:]
     assert "is a link or lies outside" in done.stderr, done.stderr[-2000:]
-    assert not hub.repo_exists("org/linked")
-    done = client(hub, tmp_path, f"""
-        from pape_hub_cli import main
-        main(["push", "{folder}", "--repo-id", "org/linked"])
-    """)
+    assert "refused push exits 1 and leaves a repo: False" in done.stderr, done.stderr[-2000:]
+    assert hub.repo_exists("org/linked"), done.stderr[-2000:]
     assert "results.json" not in hub.files("org/linked"), done.stderr[-2000:]
