@@ -42,7 +42,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--encoding", default="pape", help="the encoding trained (default: pape)")
     parser.add_argument("--seeds", default="4", help="comma-separated training seeds (default: a seed `paper-pape` "
-                        "leaves unsolved for PaPE, on the AMD EPYC of ef26984 and the Intel Xeon of 09ba386 alike)")
+                        "leaves unsolved for PaPE on both machines measured; docs/experiments/recipes.md)")
     parser.add_argument("--output-dir", default="outputs/recipe_bisection", help="checkpoints and logs")
     parser.add_argument("--results-dir", default=str(REPOSITORY / "results" / "recipe_bisection"))
     args = parser.parse_args()

@@ -227,7 +227,6 @@ def test_push_input_errors_are_named(hub, tmp_path):
 def test_training_checks_the_push_target_before_the_first_step(hub, tmp_path):
     """Without a token, training is refused before any work; with one, train -> evaluate -> card -> push, and the
     pushed model loads back from both faces. One client runs both, the token set between them as a user would."""
-    token = client_env(hub, tmp_path)["HF_TOKEN"]
     done = client(hub, tmp_path, f"""
         import os
         from pape_hub_cli import main
@@ -235,7 +234,7 @@ def test_training_checks_the_push_target_before_the_first_step(hub, tmp_path):
                  "--train-size", "64", "--eval-size", "32", "--batch-size", "32", "--quiet",
                  "--output-dir", "{tmp_path / 'run'}", "--push-to-hub", "org/arrows-pape"]
         print("without a token: rc", main(train), "output dir", os.path.exists("{tmp_path / 'run'}"))
-        os.environ["HF_TOKEN"] = {token!r}
+        os.environ["HF_TOKEN"] = {hub.token!r}
         assert main(train) == 0
     """ + LOAD_BACK.format(folder=tmp_path / "run" / "best", repo="org/arrows-pape").replace("3, 32, 32", "3, 48, 48"),
         token=False)
