@@ -4,7 +4,7 @@ main job's setting, trained under ``paper-pape`` and under ``paper-pape`` with o
 gradient clipping). Everything else is the main job's (``python -m lab arrows --recipe paper-pape``). Runs one after
 another in this process (each with one thread); writes ``results/recipe_bisection/`` (block ``recipe_bisection``).
 
-    python -m lab.recipe_bisection --seeds 4                    # PaPE on seed 4 (about 13 minutes)
+    python -m lab.recipe_bisection --seeds 4                    # PaPE on seed 4 (about 10 minutes)
     python -m lab.recipe_bisection --encoding liere8 --seeds 1  # another seed default solves and paper-pape does not
 """
 
